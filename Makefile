@@ -1,0 +1,26 @@
+# One command to set up and run the default job (`make train`), one to set up and run the tests (`make test`).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup train test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+setup: $(BIN)/.installed
+
+train: setup
+	$(BIN)/grpo train $(ARGS)
+
+test: setup
+	$(BIN)/python -m pytest -q $(ARGS)
+
+bench: setup
+	$(BIN)/python benchmarks/logprobs_memory.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

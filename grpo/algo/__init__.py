@@ -1,0 +1,11 @@
+"""The mathematics of GRPO and its variants as pure tensor functions (SPEC.md).
+
+Nothing here knows about models, configs or process groups: tensors and plain values in, tensors out.
+"""
+from grpo.algo.advantages import group_advantages, process_advantages, rloo_advantages
+from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
+from grpo.algo.loss import kl_penalty, loss_normalizer, policy_loss
+from grpo.algo.presets import PRESETS, Preset, get_preset
+
+__all__ = ["PRESETS", "Preset", "get_preset", "group_advantages", "kl_penalty", "loss_normalizer", "policy_loss",
+           "process_advantages", "rloo_advantages", "token_logprobs", "token_logprobs_from_hidden"]

@@ -1,0 +1,142 @@
+"""Advantages from rewards: group-standardised (GRPO), centred only (Dr. GRPO), batch-std (Lite PPO),
+leave-one-out (RLOO) and process supervision (SPEC sections 1.2, 1.3, 2, 8).
+
+Rewards are laid out group by group: the G completions of one prompt are consecutive. A reward of NaN
+means "no reward function applied to this completion": it is left out of its group's statistics and
+gets advantage 0. Statistics are computed in float64 and the result is returned in the input's dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+from grpo.algo._checks import check_choice, check_positive_int, check_tensor
+
+SCALES = ("group", "batch", "none")
+STDS = ("sample", "population")
+
+
+def _grouped(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    check_tensor("rewards", rewards, 1)
+    check_positive_int("group_size", group_size)
+    if rewards.numel() % group_size:
+        raise ValueError(f"rewards has {rewards.numel()} elements, which is not a multiple of "
+                         f"group_size={group_size}; rewards must hold whole groups laid out one after another")
+    if not rewards.is_floating_point():
+        rewards = rewards.to(torch.float64)
+    return rewards.detach().to(torch.float64).view(-1, group_size)
+
+
+def _nan_std(x: torch.Tensor, valid: torch.Tensor, mean: torch.Tensor, std: str, dim: int | None):
+    """NaN-aware standard deviation (`mean` from the same entries). With fewer than two valid entries the
+    sample std is taken as 0 (the advantage of such a group is 0 anyway, since r equals its mean)."""
+    sq = torch.where(valid, (x - mean) ** 2, torch.zeros_like(x))
+    n = valid.sum(dim=dim, keepdim=dim is not None).to(x.dtype)
+    denom = (n - 1).clamp(min=1) if std == "sample" else n.clamp(min=1)
+    return (sq.sum(dim=dim, keepdim=dim is not None) / denom).sqrt()
+
+
+def _group_centre(g: torch.Tensor):
+    valid = ~torch.isnan(g)
+    n = valid.sum(dim=1, keepdim=True)
+    mean = torch.where(valid, g, torch.zeros_like(g)).sum(dim=1, keepdim=True) / n.clamp(min=1)
+    # A group whose valid rewards are all equal gets exactly 0: (r - mean) can be a rounding error away
+    # from 0 (0.1 * 3 / 3 != 0.1), and dividing that by a tiny std would blow it up.
+    big = torch.finfo(g.dtype).max
+    lo = torch.where(valid, g, torch.full_like(g, big)).amin(dim=1, keepdim=True)
+    hi = torch.where(valid, g, torch.full_like(g, -big)).amax(dim=1, keepdim=True)
+    centred = torch.where(valid & (hi > lo), g - mean, torch.zeros_like(g))
+    return centred, valid, mean
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", std: str = "sample",
+                     eps: float = 1e-4) -> torch.Tensor:
+    """Group-relative advantages, shape (N,) → (N,).
+
+    scale="group": (r − mean_g) / (std_g + eps), DeepSeekMath §4.1.2 (our default, SPEC 12).
+    scale="batch": (r − mean_g) / (std over the whole batch of raw rewards + eps) ("Lite PPO").
+    scale="none":  r − mean_g (Dr. GRPO).
+    std="sample" divides the squared deviations by n − 1 (TRL, verl, oat), "population" by n.
+
+    Example: rewards [1, 0, 0, 1] with G = 4 → [0.865875, −0.865875, −0.865875, 0.865875]
+    (mean 0.5, sample std √(1/3) = 0.577350, plus eps 1e-4). [1, 1, 1, 1] → exactly [0, 0, 0, 0].
+    """
+    check_choice("scale", scale, SCALES)
+    check_choice("std", std, STDS)
+    if not eps >= 0:
+        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    g = _grouped(rewards, group_size)
+    centred, valid, mean = _group_centre(g)
+    if scale == "none":
+        adv = centred
+    elif scale == "group":
+        adv = centred / (_nan_std(g, valid, mean, std, dim=1) + eps)
+    else:
+        batch_mean = torch.where(valid, g, torch.zeros_like(g)).sum() / valid.sum().clamp(min=1)
+        adv = centred / (_nan_std(g, valid, batch_mean, std, dim=None) + eps)
+    adv = torch.where(torch.isfinite(adv), adv, torch.zeros_like(adv))  # 0/0 when eps = 0 and std = 0
+    return adv.reshape(-1).to(_out_dtype(rewards))
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Leave-one-out advantages (RLOO, SPEC 8): r_i − mean of the other G − 1 rewards = G/(G−1)·(r_i − mean).
+
+    Example: [1, 0, 0, 1] → [0.666667, −0.666667, −0.666667, 0.666667]; [1, 0, 0, 0] → [1, −⅓, −⅓, −⅓].
+    NaN rewards are left out: n valid rewards give n/(n−1)·(r_i − mean of the valid ones).
+    """
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2 for leave-one-out advantages, got {group_size!r}")
+    g = _grouped(rewards, group_size)
+    centred, valid, _ = _group_centre(g)
+    n = valid.sum(dim=1, keepdim=True).to(g.dtype)
+    adv = torch.where(n > 1, centred * n / (n - 1).clamp(min=1), torch.zeros_like(centred))
+    return adv.reshape(-1).to(_out_dtype(rewards))
+
+
+def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, group_size: int, num_tokens: int,
+                       *, std: str = "sample", eps: float = 1e-4) -> torch.Tensor:
+    """Process-supervision advantages (DeepSeekMath §4.1.3, SPEC 1.3), per token: (N, K), (N, K) → (N, T).
+
+    Args:
+        step_rewards: (N, K) reward of each reasoning step of each completion; completions with fewer than
+            K steps are padded (any value) and marked by a step end of -1.
+        step_ends: (N, K) integer index of the *last* token of each step, 0-based in completion positions,
+            or -1 for a padding step. Steps need not be sorted.
+        group_size: G; the N completions are laid out group by group.
+        num_tokens: T, the completion length of the returned tensor.
+        std, eps: as in `group_advantages`; the statistics pool all step rewards of the group's G outputs.
+
+    Token t of completion i gets the sum of the normalised rewards of every step of i that ends at or after t;
+    tokens after the last step end get 0.
+
+    Example (SPEC 1.3): G = 2, o1 steps end at tokens 2 and 5 (0-based) with rewards 0.9, 0.2; o2 one step
+    ending at 3 with reward 0.5 → o1 tokens 0–2: 0.094916, tokens 3–5: −0.949158; o2 tokens 0–3: −0.094916
+    (eps = 0 here; the pooled mean is 0.533333, the sample std 0.351188).
+    """
+    check_choice("std", std, STDS)
+    check_tensor("step_rewards", step_rewards, 2)
+    check_tensor("step_ends", step_ends, 2)
+    if step_ends.shape != step_rewards.shape:
+        raise ValueError(f"step_ends has shape {tuple(step_ends.shape)} but step_rewards has shape "
+                         f"{tuple(step_rewards.shape)}; they must match")
+    if step_ends.is_floating_point():
+        raise TypeError("step_ends must be an integer tensor of token indices")
+    check_positive_int("num_tokens", num_tokens)
+    if step_ends.numel() and int(step_ends.max()) >= num_tokens:
+        raise ValueError(f"step_ends holds an index >= num_tokens={num_tokens}")
+    n, k = step_rewards.shape
+    g = _grouped(step_rewards.reshape(-1), check_positive_int("group_size", group_size) * k)
+    if n % group_size:
+        raise ValueError(f"step_rewards has {n} rows, not a multiple of group_size={group_size}")
+    valid = (step_ends >= 0).reshape(g.shape)
+    g = torch.where(valid, g, torch.full_like(g, float("nan")))
+    centred, valid, mean = _group_centre(g)
+    norm = centred / (_nan_std(g, valid, mean, std, dim=1) + eps)
+    norm = torch.where(torch.isfinite(norm) & valid, norm, torch.zeros_like(norm)).view(n, k)
+    t = torch.arange(num_tokens, device=step_ends.device)
+    covers = step_ends.unsqueeze(-1) >= t  # (N, K, T): step j ends at or after token t
+    adv = (norm.unsqueeze(-1) * covers).sum(dim=1)  # (N, T)
+    return adv.to(_out_dtype(step_rewards))
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()

@@ -1,0 +1,165 @@
+"""The GRPO-family policy loss: clipped surrogate on the ratio to the behaviour policy, plus β·KL to a frozen
+reference, aggregated with an explicit normaliser (SPEC sections 1.4, 2.2, 3, 4, 6, 12).
+
+"Loss" is the quantity minimised, the negative of the papers' objective. Old log-probs, reference
+log-probs and advantages are treated as constants (detached here), whatever the caller passes.
+"""
+from __future__ import annotations
+
+import torch
+
+from grpo.algo._checks import check_choice, check_same_shape, check_tensor
+
+KL_KINDS = ("k1", "k2", "k3")
+RATIO_LEVELS = ("token", "sequence")
+AGGREGATIONS = ("seq_mean", "token_mean", "constant")
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π_θ‖π_ref) from the log-probs of sampled tokens (Schulman 2020, SPEC 6).
+
+    k1 = ℓ − ℓ_ref; k2 = ½(ℓ − ℓ_ref)²; k3 = e^(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1 (DeepSeekMath eq. 4, always ≥ 0).
+    Gradients flow through both arguments; `policy_loss` detaches the reference.
+
+    Example: ℓ_ref − ℓ = ln 0.5 → k3 = 0.5 − ln 0.5 − 1 = 0.193147.
+    """
+    check_choice("kind", kind, KL_KINDS)
+    check_tensor("logp", logp, (1, 2, 3))
+    check_same_shape("ref_logp", ref_logp, "logp", logp)
+    if kind == "k1":
+        return logp - ref_logp
+    if kind == "k2":
+        return 0.5 * (logp - ref_logp) ** 2
+    x = ref_logp - logp
+    return torch.expm1(x) - x  # expm1: exact near 0, and never below x, so k3 >= 0 in floating point too
+
+
+def loss_normalizer(aggregation: str, *, num_sequences: int, num_tokens: int,
+                    max_completion_length: int | None = None) -> float:
+    """The denominator of an aggregation over a whole optimiser step (SPEC 12).
+
+    seq_mean: the number of sequences (each sequence's token mean is summed, then divided by this).
+    token_mean: the number of loss-bearing tokens (at least 1). constant: sequences × max_completion_length.
+    The trainer counts these over all micro-batches and ranks of a step and passes the result to
+    `policy_loss(normalizer=...)`, so the summed micro-batch losses equal the loss of the whole step.
+    """
+    check_choice("aggregation", aggregation, AGGREGATIONS)
+    if aggregation == "seq_mean":
+        return float(max(1, num_sequences))
+    if aggregation == "token_mean":
+        return float(max(1, num_tokens))
+    if max_completion_length is None or max_completion_length < 1:
+        raise ValueError("aggregation='constant' needs max_completion_length (a positive integer), got "
+                         f"{max_completion_length!r}")
+    return float(max(1, num_sequences) * max_completion_length)
+
+
+def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, *,
+                ref_logp: torch.Tensor | None = None, beta: float = 0.0, clip_low: float = 0.2,
+                clip_high: float = 0.2, ratio_level: str = "token", aggregation: str = "seq_mean",
+                normalizer: float | None = None, max_completion_length: int | None = None,
+                kl_kind: str = "k3", dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped-surrogate loss with a KL penalty: (B, T) log-probs → (scalar loss, stats).
+
+    Args:
+        logp: (B, T) log-probs of the completion tokens under the policy being trained (differentiable).
+        old_logp: (B, T) log-probs under the behaviour policy; pass ``logp.detach()`` when μ = 1.
+        adv: (B,) outcome advantages, or (B, T) per-token advantages (process supervision).
+        mask: (B, T) 1 for loss-bearing completion tokens, 0 for padding (bool or 0/1 floats).
+        ref_logp: (B, T) reference log-probs; required when beta > 0 (and used for the `kl` stat if given).
+        beta: KL coefficient. clip_low, clip_high: ε_low, ε_high of clip(r, 1 − ε_low, 1 + ε_high).
+        ratio_level: "token" (r = π_θ/π_old per token) or "sequence" (GSPO: the length-normalised sequence
+            ratio s_i, in the GSPO-token form whose value is s_i and whose gradient is s_i·∇ℓ_t).
+        aggregation: "seq_mean" (DeepSeekMath eq. 3: each sequence's token mean, then the mean over
+            sequences), "token_mean" (DAPO: all tokens summed, divided by the token count) or "constant"
+            (Dr. GRPO: all tokens summed, divided by B·max_completion_length).
+        normalizer: the aggregation's denominator for the whole optimiser step (`loss_normalizer`); None
+            takes it from this batch alone.
+        kl_kind: "k3" (default), "k2" or "k1" (`kl_penalty`).
+        dual_clip: c > 1 for dual-clip PPO (for Â < 0 the surrogate is at least c·Â); None disables it.
+
+    Returns the loss and detached stats: "loss/policy" and "loss/kl" (the two parts of the loss, same
+    normaliser), "kl" (mean KL per token), "ratio/mean", "clip/low_frac", "clip/high_frac", "clip/frac"
+    (shares of tokens whose clip binds), "tokens" (number of loss-bearing tokens).
+
+    Example (SPEC 7.2, β = 0.04, ε = 0.2): two sequences of lengths 2 and 3, Â = ±0.866025 → loss
+    −0.062644 with seq_mean, 0.124365 with token_mean, 0.077728 with constant (L_max = 4).
+    """
+    check_choice("ratio_level", ratio_level, RATIO_LEVELS)
+    check_choice("aggregation", aggregation, AGGREGATIONS)
+    check_choice("kl_kind", kl_kind, KL_KINDS)
+    check_tensor("logp", logp, 2)
+    check_same_shape("old_logp", old_logp, "logp", logp)
+    check_same_shape("mask", mask, "logp", logp)
+    check_tensor("adv", adv, (1, 2))
+    if adv.shape not in (logp.shape[:1], logp.shape):
+        raise ValueError(f"adv has shape {tuple(adv.shape)}; with logp of shape {tuple(logp.shape)} it must be "
+                         f"({logp.shape[0]},) or {tuple(logp.shape)}")
+    if ref_logp is not None:
+        check_same_shape("ref_logp", ref_logp, "logp", logp)
+    if beta < 0:
+        raise ValueError(f"beta must be >= 0, got {beta!r}")
+    if beta > 0 and ref_logp is None:
+        raise ValueError(f"beta={beta} > 0 needs ref_logp (the reference model's log-probs)")
+    if not 0 <= clip_low < 1:
+        raise ValueError(f"clip_low must be in [0, 1), got {clip_low!r}")
+    if not clip_high >= 0:
+        raise ValueError(f"clip_high must be >= 0, got {clip_high!r}")
+    if dual_clip is not None and not dual_clip > 1:
+        raise ValueError(f"dual_clip must be > 1 (or None), got {dual_clip!r}")
+    if normalizer is not None and not normalizer > 0:
+        raise ValueError(f"normalizer must be > 0, got {normalizer!r}")
+
+    valid = mask.bool()
+    m = valid.to(logp.dtype)
+    zero = torch.zeros((), dtype=logp.dtype, device=logp.device)
+    # Sanitise padding first so that garbage there (even inf) reaches neither the value nor the gradient.
+    lp = torch.where(valid, logp, zero)
+    old = torch.where(valid, old_logp.detach(), zero)
+    a = torch.where(valid, (adv.unsqueeze(1) if adv.dim() == 1 else adv).detach().to(logp.dtype), zero)
+
+    log_ratio = lp - old
+    if ratio_level == "sequence":
+        seq_log_ratio = (log_ratio * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+        log_ratio = seq_log_ratio.detach() + lp - lp.detach()
+    ratio = torch.exp(log_ratio)
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    surrogate = torch.minimum(ratio * a, clipped * a)
+    if dual_clip is not None:
+        surrogate = torch.where(a < 0, torch.maximum(surrogate, dual_clip * a), surrogate)
+    per_token = -surrogate
+
+    kl = None
+    if ref_logp is not None:
+        kl = kl_penalty(lp, torch.where(valid, ref_logp.detach(), zero), kl_kind)
+    if beta > 0:
+        per_token = per_token + beta * kl
+
+    b = logp.shape[0]
+    n_tokens = int(valid.sum())
+    if normalizer is None:
+        normalizer = loss_normalizer(aggregation, num_sequences=b, num_tokens=n_tokens,
+                                     max_completion_length=max_completion_length)
+
+    def reduce(x: torch.Tensor) -> torch.Tensor:
+        x = x * m
+        if aggregation == "seq_mean":
+            return (x.sum(1) / m.sum(1).clamp(min=1)).sum() / normalizer
+        return x.sum() / normalizer
+
+    loss = reduce(per_token)
+    with torch.no_grad():
+        denom = max(1, n_tokens)
+        low = (a < 0) & (ratio < 1 - clip_low) & valid
+        high = (a > 0) & (ratio > 1 + clip_high) & valid
+        stats = {
+            "loss/policy": reduce(-surrogate),
+            "loss/kl": beta * reduce(kl) if kl is not None else zero.clone(),
+            "kl": (kl * m).sum() / denom if kl is not None else zero.clone(),
+            "ratio/mean": (ratio * m).sum() / denom,
+            "clip/low_frac": low.sum().to(logp.dtype) / denom,
+            "clip/high_frac": high.sum().to(logp.dtype) / denom,
+            "tokens": torch.tensor(float(n_tokens)),
+        }
+        stats["clip/frac"] = stats["clip/low_frac"] + stats["clip/high_frac"]
+    return loss, {k: v.detach() for k, v in stats.items()}

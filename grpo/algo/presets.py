@@ -1,0 +1,63 @@
+"""Named algorithm presets: each maps to the arguments of `group_advantages` and `policy_loss` and names
+its paper (SPEC sections 1, 2.2, 3, 4 and 12). Presets are data, not code paths: the trainer reads the
+same fields whatever the preset, and any field can be overridden after a preset is chosen.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from grpo.algo._checks import check_choice
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    paper: str
+    # advantages
+    scale: str
+    std: str
+    # policy loss
+    beta: float
+    clip_low: float
+    clip_high: float
+    ratio_level: str
+    aggregation: str
+    note: str = ""
+
+    def advantage_kwargs(self) -> dict:
+        return {"scale": self.scale, "std": self.std}
+
+    def loss_kwargs(self) -> dict:
+        return {k: v for k, v in asdict(self).items()
+                if k in ("beta", "clip_low", "clip_high", "ratio_level", "aggregation")}
+
+
+PRESETS: dict[str, Preset] = {
+    "grpo": Preset(
+        "grpo", "Shao et al. 2024, DeepSeekMath, arXiv:2402.03300 (eq. 3, eq. 4, §4.1.2, §4.2)",
+        scale="group", std="sample", beta=0.04, clip_low=0.2, clip_high=0.2,
+        ratio_level="token", aggregation="seq_mean",
+        note="group-standardised advantages, per-sequence token mean, k3 KL with β = 0.04; the paper does not "
+             "report ε, 0.2 is the common choice"),
+    "dr_grpo": Preset(
+        "dr_grpo", "Liu et al. 2025, Understanding R1-Zero-Like Training (Dr. GRPO), arXiv:2503.20783",
+        scale="none", std="sample", beta=0.0, clip_low=0.2, clip_high=0.2,
+        ratio_level="token", aggregation="constant",
+        note="no std division, token sum over a constant (B·max_completion_length), β = 0"),
+    "dapo": Preset(
+        "dapo", "Yu et al. 2025, DAPO, arXiv:2503.14476 (eq. 8, §3.1–3.3)",
+        scale="group", std="sample", beta=0.0, clip_low=0.2, clip_high=0.28,
+        ratio_level="token", aggregation="token_mean",
+        note="clip-higher (0.2/0.28), token-level mean over the whole step, no KL; dynamic sampling and the "
+             "soft overlong punishment are separate options"),
+    "gspo": Preset(
+        "gspo", "Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071 (§5.1)",
+        scale="group", std="sample", beta=0.0, clip_low=3e-4, clip_high=4e-4,
+        ratio_level="sequence", aggregation="seq_mean",
+        note="length-normalised sequence ratio, clip ranges 3e-4/4e-4, β = 0 (TRL's reproduction setting)"),
+}
+
+
+def get_preset(name: str) -> Preset:
+    check_choice("preset", name, PRESETS)
+    return PRESETS[name]

@@ -1,0 +1,92 @@
+"""Built-in tasks for the bundled tiny model: arithmetic with operator precedence and linear evaluation.
+
+Both enumerate a small, complete problem space and split it by a stable hash of the prompt, so the train
+and held-out splits are disjoint and identical for every seed; the seed only orders the training stream.
+
+- ``arithmetic``: ``"Calculate 2 + 2 * 6 ="`` → ``14``. Three single-digit operands, two operators from
+  ``+ - *``, evaluated with the usual precedence (``*`` first, then left to right).
+- ``linear``: ``"Solve y = 2x + 1 for x = 2, y ="`` → ``5``. ``y = a x ± b`` with single digits.
+- ``mixed``: both, interleaved.
+
+A completion is scored by `grpo.rewards.exact_match`: the first number in it must equal the answer.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass
+
+from grpo.tasks.base import Example, in_held_out
+
+HELD_OUT_FRACTION = 0.2
+OPS = ("+", "-", "*")
+
+
+def evaluate(a: int, op1: str, b: int, op2: str, c: int) -> int:
+    """``a op1 b op2 c`` with ``*`` binding tighter than ``+``/``-``, and left to right otherwise."""
+    apply = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+    if op2 == "*" and op1 != "*":
+        return apply[op1](a, b * c)
+    return apply[op2](apply[op1](a, b), c)
+
+
+def arithmetic_examples() -> list[Example]:
+    out = []
+    for a, b, c in itertools.product(range(10), repeat=3):
+        for op1, op2 in itertools.product(OPS, repeat=2):
+            prompt = f"Calculate {a} {op1} {b} {op2} {c} ="
+            fields = {"task": "arithmetic", "operands": [a, b, c], "ops": [op1, op2]}
+            out.append(Example(prompt, str(evaluate(a, op1, b, op2, c)), fields))
+    return out
+
+
+def linear_examples() -> list[Example]:
+    out = []
+    for a, b, x in itertools.product(range(1, 10), range(10), range(10)):
+        for sign in "+-":
+            prompt = f"Solve y = {a}x {sign} {b} for x = {x}, y ="
+            y = a * x + b if sign == "+" else a * x - b
+            out.append(Example(prompt, str(y), {"task": "linear", "a": a, "b": b, "sign": sign, "x": x}))
+    return out
+
+
+@dataclass
+class BuiltinTask:
+    """A built-in task: the full problem list split into train and held-out by prompt hash."""
+
+    name: str
+    train: list[Example]
+    eval: list[Example]
+
+
+def _split(examples: list[Example]) -> tuple[list[Example], list[Example]]:
+    train = [e for e in examples if not in_held_out(e.prompt, HELD_OUT_FRACTION)]
+    held = [e for e in examples if in_held_out(e.prompt, HELD_OUT_FRACTION)]
+    return train, held
+
+
+BUILTIN_TASKS = ("arithmetic", "linear", "mixed")
+
+
+def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
+    """Build a built-in task. The held-out split never depends on `seed`; the train order does, and the
+    held-out order is fixed (seed 0) so evaluations compare like with like across runs."""
+    if name not in BUILTIN_TASKS:
+        raise ValueError(f"unknown built-in task {name!r}; choose one of {', '.join(BUILTIN_TASKS)}")
+    parts = {"arithmetic": [arithmetic_examples()], "linear": [linear_examples()],
+             "mixed": [arithmetic_examples(), linear_examples()]}[name]
+    train, held = [], []
+    for examples in parts:
+        t, h = _split(examples)
+        train.append(t)
+        held.append(h)
+    if name == "mixed":
+        # Balance the two families in the held-out set: the linear space is smaller, so sample the
+        # arithmetic held-out down to the same size for evaluation.
+        arith_h = random.Random(0).sample(held[0], k=len(held[1]))
+        held = [arith_h, held[1]]
+    train_all = [e for part in train for e in part]
+    held_all = [e for part in held for e in part]
+    random.Random(seed).shuffle(train_all)
+    random.Random(0).shuffle(held_all)
+    return BuiltinTask(name, train_all, held_all)

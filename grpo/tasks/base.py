@@ -1,0 +1,30 @@
+"""The task seam: a task is two lists of examples (train and held-out) plus a reward.
+
+An `Example` carries the prompt text, the reference answer and any extra fields; the extra fields reach
+reward functions as keyword arguments (TRL's convention), so a reward can use more than the answer.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt: str
+    answer: str
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class Task(Protocol):
+    name: str
+    train: list[Example]
+    eval: list[Example]
+
+
+def in_held_out(prompt: str, fraction: float) -> bool:
+    """Stable split by a hash of the prompt text: the same prompt is in the same split for every seed,
+    so a model warm-started on the train split has never seen a held-out prompt."""
+    h = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:8], "big")
+    return h / 2**64 < fraction
