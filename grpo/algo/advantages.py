@@ -140,3 +140,13 @@ def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, grou
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
+
+def compute_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", std: str = "sample",
+                       eps: float = 1e-4) -> torch.Tensor:
+    """One entry point for the trainer: `group_advantages` for "group", "batch" and "none", and
+    `rloo_advantages` for "rloo" (std and eps do not apply there)."""
+    check_choice("scale", scale, SCALES + ("rloo",))
+    if scale == "rloo":
+        return rloo_advantages(rewards, group_size)
+    return group_advantages(rewards, group_size, scale=scale, std=std, eps=eps)

@@ -1,0 +1,5 @@
+import sys
+
+from grpo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,133 @@
+"""`grpo train|eval|sample [CONFIG] [dotted.key=value ...]`: parse, load the config, call the library.
+
+CONFIG is a YAML path or the name of a shipped config (`grpo/configs/`, e.g. `presets/dapo`). Errors in a
+config, a data file or a user function print one line and exit with status 2, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from grpo.config import describe_options, load_config
+from grpo.errors import GRPOError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    return sorted(str(p.relative_to(CONFIG_DIR).with_suffix("")) for p in CONFIG_DIR.rglob("*.yaml"))
+
+
+def resolve_config(name: str) -> Path:
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = CONFIG_DIR / (name if name.endswith(".yaml") else name + ".yaml")
+    if shipped.is_file():
+        return shipped
+    raise GRPOError(f"config {name!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
+
+
+def _split_args(items: list[str]) -> tuple[Path | None, list[str]]:
+    if items and "=" not in items[0]:
+        return resolve_config(items[0]), items[1:]
+    return None, items
+
+
+def _parser() -> argparse.ArgumentParser:
+    epilog = ("options (as dotted.key=value, or in the YAML file):\n" + describe_options()
+              + "\n\nshipped configs: " + ", ".join(shipped_configs()))
+    p = argparse.ArgumentParser(prog="grpo", description="Group Relative Policy Optimization for causal LMs.")
+    sub = p.add_subparsers(dest="command", required=True)
+    fmt = argparse.RawDescriptionHelpFormatter
+    t = sub.add_parser("train", help="train a model with GRPO (no arguments: the default tiny-model job)",
+                       epilog=epilog, formatter_class=fmt)
+    t.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
+    e = sub.add_parser("eval", help="held-out greedy accuracy and pass@k of a model (model.path=...)",
+                       epilog=epilog, formatter_class=fmt)
+    e.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
+    s = sub.add_parser("sample", help="print sampled completions of a model", epilog=epilog, formatter_class=fmt)
+    s.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
+    s.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few held-out prompts")
+    s.add_argument("-n", type=int, default=4, help="completions per prompt (default 4)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        path, overrides = _split_args(args.args)
+        cfg = load_config(path, overrides)
+        return {"train": _train, "eval": _eval, "sample": _sample}[args.command](cfg, args)
+    except GRPOError as e:
+        print(f"grpo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("grpo: interrupted", file=sys.stderr)
+        return 130
+
+
+def _quiet_transformers() -> None:
+    import transformers
+    transformers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
+def _train(cfg, args) -> int:
+    _quiet_transformers()
+    from grpo.trainer import train
+
+    result = train(cfg)
+    before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
+    print(f"held-out accuracy {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points); "
+          f"outputs in {result.output_dir}")
+    return 0
+
+
+def _load(cfg):
+    _quiet_transformers()
+    from grpo.models import load_model
+    from grpo.rollout import HFGenerator
+    from grpo.tasks import load_builtin_task
+
+    model, tokenizer = load_model(cfg.model)
+    return HFGenerator(model, tokenizer), load_builtin_task(cfg.data.task, cfg.train.seed)
+
+
+def _eval(cfg, args) -> int:
+    from grpo.evaluation import evaluate
+    from grpo.rewards import resolve_reward
+
+    generator, task = _load(cfg)
+    examples = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
+    metrics = evaluate(generator, examples, resolve_reward(cfg.eval.reward, field="eval.reward"),
+                       max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
+                       temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
+    print(json.dumps({"model": cfg.model.path, "task": cfg.data.task, "examples": len(examples), **metrics},
+                     indent=2))
+    return 0
+
+
+def _sample(cfg, args) -> int:
+    import torch
+
+    from grpo.rollout import Sampling
+
+    if args.n < 1:
+        raise GRPOError(f"-n must be at least 1, got {args.n}")
+    generator, task = _load(cfg)
+    prompts = args.prompt or [e.prompt for e in task.eval[:4]]
+    r = cfg.rollout
+    rollout = generator.generate(prompts, Sampling(args.n, r.max_new_tokens, r.temperature, r.top_p, r.top_k),
+                                 torch.Generator().manual_seed(cfg.train.seed))
+    for i, prompt in enumerate(prompts):
+        print(prompt)
+        for text in rollout.texts[i * args.n:(i + 1) * args.n]:
+            print(f"    -> {text!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

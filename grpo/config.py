@@ -1,0 +1,327 @@
+"""Typed configuration: one dataclass per concern, each option documented once (its `help`), loaded from
+YAML plus dotted `key=value` overrides and validated at load.
+
+Errors name the field and what is allowed: an unknown key names the closest valid one, a wrong type names
+the expected type, a value out of range names the range, an enum value lists the allowed values.
+`algo.preset` fills the algorithm fields from `grpo.algo.PRESETS`; keys set explicitly win over the preset.
+"""
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from grpo.algo.presets import PRESETS
+from grpo.errors import ConfigError
+
+
+def opt(default: Any, help: str, **checks: Any) -> Any:
+    """A config field: its default, its one-line documentation and its range checks (ge, gt, le, lt)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **checks})
+    return field(default=default, metadata={"help": help, **checks})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the sections
+
+@dataclass
+class ModelConfig:
+    path: str = opt("tiny", "The model to train: 'tiny' (the bundled Qwen2-architecture model for the built-in "
+                            "tasks), a directory written by save_pretrained, or a Hugging Face Hub id.")
+    dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the weights and of the forward passes.")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "Where the model runs; auto picks cuda when available.")
+    logprob_chunk_size: int = opt(1024, "Positions per chunk when log-probs are computed from hidden states "
+                                        "(the full logits tensor is never built).", ge=1)
+
+
+@dataclass
+class DataConfig:
+    task: Literal["arithmetic", "linear", "mixed"] = opt(
+        "mixed", "Built-in task: 'arithmetic' (Calculate 2 + 2 * 6 =), 'linear' (Solve y = 2x + 1 for x = 2, y =) "
+                 "or 'mixed' (both).")
+
+
+@dataclass
+class RolloutConfig:
+    group_size: int = opt(8, "G: completions sampled per prompt; advantages are standardised within each group.",
+                          ge=2)
+    max_new_tokens: int = opt(8, "Longest completion, in tokens; a completion without EOS by then is truncated. "
+                                 "Also L_max of the Dr. GRPO constant normaliser.", ge=1)
+    temperature: float = opt(1.0, "Sampling temperature; log-probs for the loss use the same temperature.", gt=0)
+    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability.",
+                       gt=0, le=1)
+    top_k: int = opt(0, "Keep only the k most likely tokens when sampling; 0 keeps all.", ge=0)
+
+
+@dataclass
+class AlgoConfig:
+    preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] = opt(
+        "grpo", "Named algorithm (see docs/objective.md); sets the fields below, each of which can still be set.")
+    scale: Literal["group", "batch", "none", "rloo"] = opt(
+        "group", "Advantage scaling: group std (GRPO), batch std (Lite PPO), none (Dr. GRPO), leave-one-out (RLOO).")
+    std: Literal["sample", "population"] = opt("sample", "Std estimator for the advantages: ÷(n−1) or ÷n.")
+    eps: float = opt(1e-4, "Added to the std before dividing.", ge=0)
+    beta: float = opt(0.04, "KL coefficient; 0 loads no reference model.", ge=0)
+    kl_kind: Literal["k1", "k2", "k3"] = opt("k3", "KL estimator per token (k3: DeepSeekMath eq. 4).")
+    clip_low: float = opt(0.2, "ε_low: the ratio is clipped below at 1 − clip_low.", ge=0, lt=1)
+    clip_high: float = opt(0.2, "ε_high: the ratio is clipped above at 1 + clip_high.", ge=0)
+    ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token, or per sequence (GSPO).")
+    aggregation: Literal["seq_mean", "token_mean", "constant"] = opt(
+        "seq_mean", "Loss normaliser: per-sequence token mean (GRPO), step-wide token mean (DAPO), or "
+                    "B·max_new_tokens (Dr. GRPO).")
+    num_iterations: int = opt(1, "μ: policy updates per batch of rollouts; above 1 the ratio to the sampling "
+                                 "policy moves away from 1 and the clip becomes active.", ge=1)
+    mask_truncated: bool = opt(False, "Leave truncated completions (no EOS) out of the loss; they still count in "
+                                      "the group statistics (DAPO overlong filtering).")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = opt(60, "Optimiser steps (each: sample, score, update).", ge=1)
+    prompts_per_step: int = opt(16, "Prompts per step; each gets group_size completions.", ge=1)
+    micro_batch_size: int = opt(64, "Sequences per forward/backward pass; gradients are accumulated across "
+                                    "micro-batches with the step-wide normaliser, so this changes memory, not "
+                                    "results.", ge=1)
+    lr: float = opt(5e-5, "Peak learning rate of AdamW.", gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Decay after warm-up.")
+    warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0)
+    adam_beta1: float = opt(0.9, "AdamW β1.", ge=0, lt=1)
+    adam_beta2: float = opt(0.99, "AdamW β2.", ge=0, lt=1)
+    max_grad_norm: float = opt(1.0, "Clip the gradient norm to this; 0 disables clipping.", ge=0)
+    seed: int = opt(0, "Seed of the data order, the sampling and the initialisation: same seed, same run.")
+    output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.")
+    threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0)
+
+
+@dataclass
+class EvalConfig:
+    every: int = opt(20, "Evaluate on the held-out split every this many steps, plus once before the first "
+                         "update and once after the last; 0 evaluates only before and after.", ge=0)
+    size: int = opt(0, "Held-out examples to evaluate on; 0 uses all of them.", ge=0)
+    pass_k: int = opt(8, "k of pass@k: completions sampled per held-out prompt; 0 skips pass@k.", ge=0)
+    temperature: float = opt(1.0, "Sampling temperature for pass@k (accuracy is always greedy).", gt=0)
+    reward: str = opt("exact_match", "Reward function that decides whether a completion is correct (1 = correct).")
+
+
+@dataclass
+class LogConfig:
+    samples_every: int = opt(10, "Write sample completions to samples.jsonl every this many steps; 0 never.", ge=0)
+    samples_per_step: int = opt(2, "Groups (prompts) written each time samples are written.", ge=1)
+    tensorboard: bool = opt(True, "Also write TensorBoard event files to <output_dir>/tensorboard.")
+    progress: bool = opt(True, "Show a progress bar with the live figures.")
+    chart: bool = opt(True, "Draw reward and held-out accuracy against step into <output_dir>/chart.png.")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    rewards: list[str] = opt(["exact_match"], "Reward functions, by built-in name or 'module:function'; the "
+                                              "total reward is their weighted sum.")
+    reward_weights: list[float] | None = opt(None, "One weight per reward function; none means all 1.")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """YAML file (optional) + `dotted.key=value` overrides → a validated Config."""
+    raw: dict = {}
+    if path is not None:
+        raw = read_yaml(path)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({_first_line(e)})") from None
+        _set_dotted(raw, key.strip(), value)
+    return from_dict(raw)
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_first_line(e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def from_dict(raw: dict) -> Config:
+    """Strict conversion: every key must be a field, every value of the field's type and in its range."""
+    raw = dict(raw)
+    algo = raw.get("algo", {})
+    if isinstance(algo, dict):
+        preset = algo.get("preset", AlgoConfig.preset)
+        _coerce(preset, _hint(AlgoConfig, "preset"), "algo.preset")
+        base = {k: v for k, v in asdict(PRESETS[preset]).items() if k in _field_names(AlgoConfig)}
+        raw["algo"] = {**base, **algo}
+    cfg = _build(Config, raw, "")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Rules that involve more than one field."""
+    from grpo.rewards import resolve_reward
+
+    if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.rewards):
+        raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but rewards names "
+                          f"{len(cfg.rewards)} functions; give one weight per function")
+    if not cfg.rewards:
+        raise ConfigError("rewards is empty; name at least one reward function")
+    for name in cfg.rewards:
+        resolve_reward(name, field="rewards")
+    resolve_reward(cfg.eval.reward, field="eval.reward")
+
+
+def to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def describe_options() -> str:
+    """Every option with its type, default and help: `grpo train --help` prints this."""
+    lines = []
+    for f in fields(Config):
+        if is_dataclass(_hint(Config, f.name)):
+            section = _hint(Config, f.name)
+            for g in fields(section):
+                lines.append(_describe(f"{f.name}.{g.name}", _hint(section, g.name), g))
+        else:
+            lines.append(_describe(f.name, _hint(Config, f.name), f))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# helpers
+
+def _describe(key: str, tp: Any, f) -> str:
+    default = f.default if f.default is not MISSING else f.default_factory()
+    return f"  {key} ({_type_name(tp)}, default {default!r})\n      {f.metadata['help']}"
+
+
+def _first_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for p in parts[:-1]:
+        nxt = node.setdefault(p, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"override {key!r}: {p!r} is not a section")
+        node = nxt
+    node[parts[-1]] = value
+
+
+def _field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]
+
+
+def _hint(cls, name: str) -> Any:
+    return typing.get_type_hints(cls)[name]
+
+
+def _build(cls, data: Any, prefix: str):
+    where = prefix.rstrip(".") or "the config"
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of keys, got {type(data).__name__}")
+    names = _field_names(cls)
+    for key in data:
+        if key not in names:
+            full = [prefix + n for n in names]
+            close = difflib.get_close_matches(prefix + str(key), full, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {where}: "
+                              f"{', '.join(names)})")
+    values = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        tp = _hint(cls, f.name)
+        name = prefix + f.name
+        if is_dataclass(tp):
+            values[f.name] = _build(tp, data[f.name] if data[f.name] is not None else {}, name + ".")
+        else:
+            values[f.name] = _coerce(data[f.name], tp, name)
+            _check_range(values[f.name], f.metadata, name)
+    return cls(**values)
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(tp)))
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
+    return "null" if tp is type(None) else tp.__name__
+
+
+def _coerce(value: Any, tp: Any, name: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{name}={value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], name)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{name} must be a {_type_name(tp)}, got {value!r}")
+        return [_coerce(v, typing.get_args(tp)[0], f"{name}[{i}]") for i, v in enumerate(value)]
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads 1e-3 (no dot) as a string; take it as the number it plainly is
+            value = float(value)
+        except ValueError:
+            pass
+    ok = {bool: lambda v: isinstance(v, bool),
+          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          str: lambda v: isinstance(v, str)}[tp](value)
+    if not ok:
+        raise ConfigError(f"{name} must be {'an' if tp is int else 'a'} {tp.__name__}, got {value!r} "
+                          f"({type(value).__name__})")
+    return float(value) if tp is float else value
+
+
+def _check_range(value: Any, meta: typing.Mapping, name: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    rules = {"ge": (lambda v, b: v >= b, ">="), "gt": (lambda v, b: v > b, ">"),
+             "le": (lambda v, b: v <= b, "<="), "lt": (lambda v, b: v < b, "<")}
+    broken = [f"{sym} {meta[k]}" for k, (test, sym) in rules.items() if k in meta and not test(value, meta[k])]
+    if broken:
+        wanted = " and ".join(f"{sym} {meta[k]}" for k, (_, sym) in rules.items() if k in meta)
+        raise ConfigError(f"{name}={value!r} is out of range; it must be {wanted}")

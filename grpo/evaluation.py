@@ -1,0 +1,52 @@
+"""Held-out evaluation: greedy accuracy and pass@k with sampling, scored by a reward function (1 = correct)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from grpo.rewards import RewardFn
+from grpo.rollout import Generator, Sampling
+from grpo.tasks.base import Example
+
+
+def example_fields(examples: Sequence[Example], repeat: int = 1) -> dict[str, list]:
+    """Reward keyword arguments: `answer` and every extra field, one value per completion."""
+    keys = ["answer"] + sorted({k for e in examples for k in e.fields})
+    out: dict[str, list] = {k: [] for k in keys}
+    for e in examples:
+        for k in keys:
+            value = e.answer if k == "answer" else e.fields.get(k)
+            out[k].extend([value] * repeat)
+    return out
+
+
+def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int) -> torch.Tensor:
+    prompts = [e.prompt for e in examples for _ in range(repeat)]
+    values = fn(prompts=prompts, completions=texts, **example_fields(examples, repeat))
+    return torch.tensor([float(v or 0.0) >= 1.0 for v in values]).view(len(examples), repeat)
+
+
+def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *, max_new_tokens: int,
+             pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> dict[str, float]:
+    """`eval/accuracy` (greedy), `eval/pass@k` (k samples, at least one correct), per family when the
+    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`."""
+    prompts = [e.prompt for e in examples]
+    greedy = generator.generate(prompts, Sampling(1, max_new_tokens, temperature=0.0))
+    ok = _correct(correct_fn, examples, greedy.texts, 1)[:, 0]
+    metrics = {"eval/accuracy": ok.float().mean().item(),
+               "eval/mean_length": greedy.lengths.float().mean().item()}
+    families = defaultdict(list)
+    for e, c in zip(examples, ok.tolist()):
+        if "task" in e.fields:
+            families[e.fields["task"]].append(c)
+    if len(families) > 1:
+        metrics.update({f"eval/accuracy/{k}": sum(v) / len(v) for k, v in sorted(families.items())})
+    if pass_k > 0:
+        rng = torch.Generator().manual_seed(seed)
+        sampled = generator.generate(prompts, Sampling(pass_k, max_new_tokens, temperature, top_p), rng)
+        hits = _correct(correct_fn, examples, sampled.texts, pass_k)
+        metrics[f"eval/pass@{pass_k}"] = hits.any(dim=1).float().mean().item()
+        metrics["eval/sample_accuracy"] = hits.float().mean().item()
+    return metrics

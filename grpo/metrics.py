@@ -1,0 +1,94 @@
+"""Run outputs: metrics.jsonl (one line per step), samples.jsonl, TensorBoard events, a progress bar with the
+live figures, and a PNG chart of reward and held-out accuracy against step."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from grpo.config import LogConfig
+
+BAR_FIELDS = {"reward/mean": "reward", "eval/accuracy": "acc", "kl": "kl", "completion/mean_length": "len",
+              "perf/step_seconds": "s/step"}
+
+
+class RunLogger:
+    def __init__(self, out_dir: Path, cfg: LogConfig, total_steps: int, *, append: bool = False):
+        from tqdm.auto import tqdm
+
+        self.out_dir = out_dir
+        self.cfg = cfg
+        mode = "a" if append else "w"
+        self._metrics = open(out_dir / "metrics.jsonl", mode)
+        self._samples = open(out_dir / "samples.jsonl", mode)
+        self._tb = None
+        if cfg.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(str(out_dir / "tensorboard"))
+        self.history: list[dict] = []
+        self._last: dict[str, float] = {}
+        self.bar = tqdm(total=total_steps, disable=not cfg.progress, dynamic_ncols=True, desc="grpo", unit="step")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        if self._tb is not None:
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+                    self._tb.add_scalar(k, v, step)
+        self.history.append(row)
+        self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS})
+        self.bar.set_postfix({BAR_FIELDS[k]: f"{v:.3g}" for k, v in self._last.items()}, refresh=False)
+
+    def advance(self) -> None:
+        self.bar.update(1)
+
+    def write(self, message: str) -> None:
+        self.bar.write(message)
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        for r in rows:
+            self._samples.write(json.dumps({"step": step, **r}) + "\n")
+        self._samples.flush()
+
+    def close(self) -> None:
+        self.bar.close()
+        if self._tb is not None:
+            self._tb.close()
+        self._metrics.close()
+        self._samples.close()
+        if self.cfg.chart:
+            draw_chart(self.history, self.out_dir / "chart.png")
+
+
+def _plain(v):
+    return v.item() if hasattr(v, "item") else v
+
+
+def draw_chart(history: list[dict], path: Path) -> None:
+    """Mean training reward per step, and held-out greedy accuracy (and pass@k) at each evaluation."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    steps = [r["step"] for r in history if "reward/mean" in r]
+    if steps:
+        ax.plot(steps, [r["reward/mean"] for r in history if "reward/mean" in r], lw=1, alpha=0.6,
+                label="training reward (mean)")
+    evals = [r for r in history if "eval/accuracy" in r]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", lw=2,
+                label="held-out accuracy (greedy)")
+        pass_keys = sorted({k for r in evals for k in r if k.startswith("eval/pass@")})
+        for k in pass_keys:
+            ax.plot([r["step"] for r in evals if k in r], [r[k] for r in evals if k in r], "s--", lw=1,
+                    label=f"held-out {k.split('/')[1]} (sampled)")
+    ax.set_xlabel("step")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,39 @@
+"""What a rollout backend returns, and the sampling parameters it takes (SPEC 9, steps 1–2)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sampling:
+    n: int                      # completions per prompt (G)
+    max_new_tokens: int
+    temperature: float = 1.0    # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0              # 0 keeps the whole vocabulary
+
+
+@dataclass
+class Rollout:
+    """N = prompts × n completions, prompt by prompt (the n completions of a prompt are consecutive)."""
+
+    prompt_ids: torch.Tensor       # (N, Lp) left-padded
+    prompt_mask: torch.Tensor      # (N, Lp) 1 on prompt tokens
+    completion_ids: torch.Tensor   # (N, T) right-padded with the pad id
+    completion_mask: torch.Tensor  # (N, T) 1 up to and including the first EOS, from positions (SPEC 12)
+    truncated: torch.Tensor        # (N,) bool: no EOS within max_new_tokens
+    texts: list[str]               # decoded completions, EOS and padding left out
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (N,) loss-bearing tokens per completion, EOS included
+        return self.completion_mask.sum(1)
+
+
+class Generator(Protocol):
+    def generate(self, prompts: list[str], sampling: Sampling, rng: torch.Generator | None = None) -> Rollout: ...

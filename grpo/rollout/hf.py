@@ -1,0 +1,112 @@
+"""Rollouts with any `transformers` causal LM: batched sampling with a KV cache.
+
+The prompts of a batch are encoded and prefilled once; the cache is then repeated for the n completions of
+each prompt. Sampling draws from a caller-owned `torch.Generator`, so a run is reproducible and its
+sampling state can be saved. Masks come from positions: a completion is loss-bearing up to and including
+its first EOS, whatever the pad and EOS ids are (SPEC 11, item 4).
+"""
+from __future__ import annotations
+
+import torch
+
+from grpo.rollout.base import Rollout, Sampling
+
+
+def sample_next(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> torch.Tensor:
+    """Next tokens (N,) from logits (N, V): greedy at temperature 0, else top-k / top-p / temperature."""
+    if sampling.temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / sampling.temperature
+    if 0 < sampling.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if sampling.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        drop = probs.cumsum(dim=-1) - probs > sampling.top_p  # keep the smallest prefix reaching top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    return torch.multinomial(probs, 1, generator=rng).squeeze(-1)
+
+
+class HFGenerator:
+    """Sampling from a `transformers` causal LM on the device of its weights."""
+
+    def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_prompts = max_batch_prompts
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if tokenizer.eos_token_id is not None:
+            eos.append(tokenizer.eos_token_id)
+        if not eos:
+            raise ValueError("the model has no EOS token: set eos_token_id in its tokenizer or generation config")
+        self.eos_ids = torch.tensor(sorted(set(eos)))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0].item()
+
+    def generate(self, prompts: list[str], sampling: Sampling, rng: torch.Generator | None = None) -> Rollout:
+        parts = [self._generate(prompts[i:i + self.max_batch_prompts], sampling, rng)
+                 for i in range(0, len(prompts), self.max_batch_prompts)]
+        return parts[0] if len(parts) == 1 else _concat(parts, self.pad_id)
+
+    @torch.no_grad()
+    def _generate(self, prompts: list[str], sampling: Sampling, rng: torch.Generator | None) -> Rollout:
+        device = self.model.device
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+        prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        n = sampling.n
+        position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position, use_cache=True,
+                         logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)  # prefill once per prompt, share it across the group
+        logits = out.logits[:, -1].repeat_interleave(n, dim=0)
+        attn = prompt_mask.repeat_interleave(n, dim=0)
+        next_pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, dim=0)
+        eos_ids = self.eos_ids.to(device)
+
+        total = logits.shape[0]
+        finished = torch.zeros(total, dtype=torch.bool, device=device)
+        lengths = torch.full((total,), sampling.max_new_tokens, dtype=torch.long, device=device)
+        tokens = []
+        for t in range(sampling.max_new_tokens):
+            nxt = sample_next(logits, sampling, rng)
+            nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
+            tokens.append(nxt)
+            stop = ~finished & torch.isin(nxt, eos_ids)
+            lengths[stop] = t + 1
+            finished |= stop
+            if finished.all() or t + 1 == sampling.max_new_tokens:
+                break
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = self.model(input_ids=nxt.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
+                             past_key_values=cache, use_cache=True)
+            next_pos = next_pos + 1
+            logits = out.logits[:, -1]
+
+        completion_ids = torch.stack(tokens, dim=1)  # (N, T)
+        width = completion_ids.shape[1]
+        completion_mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).long()
+        truncated = ~finished
+        # texts: the tokens before EOS (EOS itself is not text)
+        text_len = lengths - (~truncated).long()
+        texts = self.tokenizer.batch_decode([row[:k].tolist() for row, k in zip(completion_ids, text_len)],
+                                            skip_special_tokens=True)
+        return Rollout(prompt_ids.repeat_interleave(n, dim=0), attn[:, :prompt_ids.shape[1]],
+                       completion_ids, completion_mask, truncated, texts)
+
+
+def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
+    def cat(tensors: list[torch.Tensor], value: int, left: bool) -> torch.Tensor:
+        width = max(t.shape[1] for t in tensors)
+        padded = []
+        for t in tensors:
+            fill = t.new_full((t.shape[0], width - t.shape[1]), value)
+            padded.append(torch.cat([fill, t] if left else [t, fill], dim=1))
+        return torch.cat(padded)
+
+    return Rollout(cat([p.prompt_ids for p in parts], pad_id, True), cat([p.prompt_mask for p in parts], 0, True),
+                   cat([p.completion_ids for p in parts], pad_id, False),
+                   cat([p.completion_mask for p in parts], 0, False),
+                   torch.cat([p.truncated for p in parts]), [t for p in parts for t in p.texts])

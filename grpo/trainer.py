@@ -1,0 +1,298 @@
+"""The GRPO training loop, top to bottom as SPEC section 9 lists it.
+
+    for each step:
+      1. draw this rank's prompts (whole groups: a group never spans ranks)
+      2. sample G completions per prompt with the current policy
+      3. score them with the reward functions (gathered across ranks)
+      4. advantages within each group
+      5. the step-wide loss normaliser (over all micro-batches and ranks)
+      6. reference log-probs (β > 0) and old log-probs (μ > 1), without gradients
+      7. μ policy updates, each accumulating gradients over micro-batches
+      8. log metrics and samples; evaluate on the held-out split every `eval.every` steps
+
+Variants never branch here: they are the values passed to `compute_advantages` and `policy_loss`.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from grpo.algo import compute_advantages, loss_normalizer, policy_loss
+from grpo.config import Config, to_yaml
+from grpo.data import PromptStream
+from grpo.distributed import Dist
+from grpo.evaluation import evaluate, example_fields
+from grpo.forward import completion_logprobs
+from grpo.metrics import RunLogger
+from grpo.models import frozen_copy, load_model
+from grpo.rewards import RewardFn, resolve_reward, score
+from grpo.rollout import HFGenerator, Rollout, Sampling
+from grpo.tasks import load_builtin_task
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    history: list[dict]
+    initial_eval: dict[str, float] = field(default_factory=dict)
+    final_eval: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class StepBatch:
+    """Everything one optimiser step trains on; rows are this rank's completions, group by group."""
+
+    rollout: Rollout
+    loss_mask: torch.Tensor              # (N, T)
+    adv: torch.Tensor                    # (N,)
+    rewards: torch.Tensor                # (N,) weighted total
+    per_fn: dict[str, torch.Tensor]      # name → (N,)
+    ref_logp: torch.Tensor | None = None  # (N, T)
+    old_logp: torch.Tensor | None = None  # (N, T)
+
+
+def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
+    """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables."""
+    dist = dist or Dist()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    _seed_everything(cfg.train.seed)
+    out = Path(cfg.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.yaml").write_text(to_yaml(cfg))
+
+    task = load_builtin_task(cfg.data.task, cfg.train.seed)
+    policy, tokenizer = load_model(cfg.model)
+    reference = frozen_copy(policy) if cfg.algo.beta > 0 else None
+    generator = HFGenerator(policy, tokenizer)
+    reward_fns = list(rewards) if rewards is not None else [resolve_reward(n) for n in cfg.rewards]
+    correct_fn = resolve_reward(cfg.eval.reward, field="eval.reward")
+    optimizer, scheduler = _optimizer(cfg, policy)
+    if cfg.train.prompts_per_step % dist.world_size:
+        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the "
+                         f"number of processes ({dist.world_size})")
+    stream = PromptStream(task.train, cfg.train.prompts_per_step, cfg.train.seed)
+    sample_rng = torch.Generator().manual_seed(cfg.train.seed + 1000 * dist.rank)
+    eval_set = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
+    logger = RunLogger(out, cfg.log, cfg.train.steps)
+    result = TrainResult(out, logger.history)
+
+    def run_eval(step: int) -> dict[str, float]:
+        metrics = evaluate(generator, eval_set, correct_fn, max_new_tokens=cfg.rollout.max_new_tokens,
+                           pass_k=cfg.eval.pass_k, temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p,
+                           seed=cfg.train.seed)
+        logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
+                     + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
+        return metrics
+
+    result.initial_eval = run_eval(0)
+    logger.log(0, result.initial_eval)
+    for step in range(1, cfg.train.steps + 1):
+        start = time.perf_counter()
+        # 1-2. this rank's prompts, G completions each
+        examples = _shard(stream.next_batch(), dist)
+        rollout = generator.generate([e.prompt for e in examples], _sampling(cfg), sample_rng)
+        rollout_seconds = time.perf_counter() - start
+        # 3-4. rewards and advantages
+        batch = _score(cfg, dist, reward_fns, examples, rollout)
+        # 5-6. step-wide normaliser; reference and old log-probs
+        normalizer = loss_normalizer(cfg.algo.aggregation, num_sequences=int(dist.sum(len(rollout))),
+                                     num_tokens=int(dist.sum(batch.loss_mask.sum().item())),
+                                     max_completion_length=cfg.rollout.max_new_tokens)
+        if reference is not None:
+            batch.ref_logp = _logprobs_no_grad(cfg, reference, rollout)
+        if cfg.algo.num_iterations > 1:
+            batch.old_logp = _logprobs_no_grad(cfg, policy, rollout)
+        # 7. μ updates
+        update_stats = [_update(cfg, policy, optimizer, batch, normalizer) for _ in range(cfg.algo.num_iterations)]
+        scheduler.step()
+        # 8. log, sample, evaluate
+        seconds = time.perf_counter() - start
+        metrics = _step_metrics(cfg, dist, batch, update_stats, seconds, rollout_seconds,
+                                lr=scheduler.get_last_lr()[0])
+        if cfg.log.samples_every and step % cfg.log.samples_every == 0:
+            logger.samples(step, _sample_rows(cfg, tokenizer, examples, batch))
+        if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
+            result.final_eval = run_eval(step)
+            metrics.update(result.final_eval)
+        logger.log(step, metrics)
+        logger.advance()
+
+    policy.save_pretrained(out / "model")
+    tokenizer.save_pretrained(out / "model")
+    logger.close()
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the pieces of a step
+
+def _score(cfg: Config, dist: Dist, reward_fns: list[RewardFn], examples, rollout: Rollout) -> StepBatch:
+    g = cfg.rollout.group_size
+    prompts = [e.prompt for e in examples for _ in range(g)]
+    total, per_fn = score(reward_fns, cfg.reward_weights, prompts, rollout.texts, example_fields(examples, g))
+    # advantages on the rewards of every rank (batch std needs them all), then this rank's slice
+    everyone = dist.gather(total)
+    adv_all = compute_advantages(everyone, g, scale=cfg.algo.scale, std=cfg.algo.std, eps=cfg.algo.eps)
+    device = rollout.completion_ids.device
+    adv = adv_all[dist.rank * len(total):(dist.rank + 1) * len(total)].to(device)
+    loss_mask = rollout.completion_mask.clone()
+    if cfg.algo.mask_truncated:
+        loss_mask[rollout.truncated] = 0
+    return StepBatch(rollout, loss_mask, adv, total, per_fn)
+
+
+def _micro_batches(cfg: Config, rollout: Rollout):
+    """Row slices of at most `micro_batch_size`, each trimmed to its own longest prompt and completion."""
+    n = len(rollout)
+    for s in range(0, n, cfg.train.micro_batch_size):
+        rows = slice(s, min(n, s + cfg.train.micro_batch_size))
+        pm = rollout.prompt_mask[rows]
+        first = int((pm.sum(0) > 0).nonzero()[0]) if pm.any() else pm.shape[1] - 1
+        width = max(1, int(rollout.completion_mask[rows].sum(1).max()))
+        yield rows, slice(first, None), slice(0, width)
+
+
+def _mb_logprobs(cfg: Config, model, rollout: Rollout, rows, pcols, ccols) -> torch.Tensor:
+    return completion_logprobs(model, rollout.prompt_ids[rows, pcols], rollout.prompt_mask[rows, pcols],
+                               rollout.completion_ids[rows, ccols], rollout.completion_mask[rows, ccols],
+                               temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size)
+
+
+@torch.no_grad()
+def _logprobs_no_grad(cfg: Config, model, rollout: Rollout) -> torch.Tensor:
+    out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device)
+    for rows, pcols, ccols in _micro_batches(cfg, rollout):
+        out[rows, ccols] = _mb_logprobs(cfg, model, rollout, rows, pcols, ccols).float()
+    return out
+
+
+def _update(cfg: Config, policy, optimizer, batch: StepBatch, normalizer: float) -> dict[str, float]:
+    """One optimiser update over the whole step batch: gradients summed over micro-batches."""
+    a = cfg.algo
+    optimizer.zero_grad(set_to_none=True)
+    totals: dict[str, float] = {}
+    for rows, pcols, ccols in _micro_batches(cfg, batch.rollout):
+        logp = _mb_logprobs(cfg, policy, batch.rollout, rows, pcols, ccols)
+        old = batch.old_logp[rows, ccols] if batch.old_logp is not None else logp.detach()
+        ref = batch.ref_logp[rows, ccols] if batch.ref_logp is not None else None
+        loss, stats = policy_loss(logp, old, batch.adv[rows], batch.loss_mask[rows, ccols], ref_logp=ref,
+                                  beta=a.beta, clip_low=a.clip_low, clip_high=a.clip_high,
+                                  ratio_level=a.ratio_level, aggregation=a.aggregation, normalizer=normalizer,
+                                  max_completion_length=cfg.rollout.max_new_tokens, kl_kind=a.kl_kind)
+        loss.backward()
+        tokens = stats["tokens"].item()
+        _add(totals, {"loss": loss.item(), "loss/policy": stats["loss/policy"].item(),
+                      "loss/kl": stats["loss/kl"].item(), "tokens": tokens})
+        _add(totals, {k: stats[k].item() * tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac",
+                                                            "clip/high_frac")})
+    params = [p for p in policy.parameters() if p.requires_grad]
+    max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
+    totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+    optimizer.step()
+    return totals
+
+
+def _step_metrics(cfg: Config, dist: Dist, batch: StepBatch, updates: list[dict], seconds: float,
+                  rollout_seconds: float, lr: float) -> dict[str, float]:
+    """Figures of the whole step (all ranks), averaged over the μ updates."""
+    g = cfg.rollout.group_size
+    rewards = dist.gather(batch.rewards)
+    grouped = rewards.view(-1, g)
+    lengths = dist.gather(batch.rollout.lengths.float().cpu())
+    m: dict[str, float] = {
+        "reward/mean": _nanmean(rewards),
+        "reward/std": _nanstd(rewards),
+    }
+    for name, values in batch.per_fn.items():
+        m[f"reward/{name}"] = _nanmean(dist.gather(values))
+    spread = grouped.nan_to_num(0.0)
+    m["adv/std_zero_frac"] = (spread.amax(1) == spread.amin(1)).float().mean().item()
+    u = {k: dist.sum(sum(d[k] for d in updates)) / len(updates) for k in updates[0] if k != "grad_norm"}
+    tokens = max(u.pop("tokens"), 1.0)
+    m.update({k: u[k] / tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac")})
+    m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
+    m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
+    m["completion/mean_length"] = lengths.mean().item()
+    m["completion/truncated_frac"] = dist.gather(batch.rollout.truncated.float().cpu()).mean().item()
+    m["lr"] = lr
+    m["perf/step_seconds"] = seconds
+    m["perf/rollout_seconds"] = rollout_seconds
+    m["perf/completion_tokens"] = lengths.sum().item()
+    m["perf/tokens_per_s"] = lengths.sum().item() / max(seconds, 1e-9)
+    return m
+
+
+def _sample_rows(cfg: Config, tokenizer, examples, batch: StepBatch) -> list[dict]:
+    g = cfg.rollout.group_size
+    rows = []
+    for i, e in enumerate(examples[:cfg.log.samples_per_step]):
+        for j in range(i * g, (i + 1) * g):
+            row = {"prompt": e.prompt, "answer": e.answer, "completion": batch.rollout.texts[j],
+                   "reward": _json_float(batch.rewards[j].item()), "advantage": batch.adv[j].item(),
+                   "truncated": bool(batch.rollout.truncated[j])}
+            row.update({f"reward/{k}": _json_float(v[j].item()) for k, v in batch.per_fn.items()})
+            rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------
+# set-up helpers
+
+def _sampling(cfg: Config) -> Sampling:
+    r = cfg.rollout
+    return Sampling(r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+
+
+def _shard(batch: list, dist: Dist) -> list:
+    k = len(batch) // dist.world_size
+    return batch[dist.rank * k:(dist.rank + 1) * k]
+
+
+def _optimizer(cfg: Config, policy):
+    t = cfg.train
+    params = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+
+    def factor(step: int) -> float:
+        if step < t.warmup_steps:
+            return (step + 1) / (t.warmup_steps + 1)
+        progress = (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps)
+        if t.lr_schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        if t.lr_schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return 1.0
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _add(into: dict[str, float], values: dict[str, float]) -> None:
+    for k, v in values.items():
+        into[k] = into.get(k, 0.0) + v
+
+
+def _nanmean(x: torch.Tensor) -> float:
+    return x.nanmean().item() if (~x.isnan()).any() else float("nan")
+
+
+def _nanstd(x: torch.Tensor) -> float:
+    x = x[~x.isnan()]
+    return x.std().item() if x.numel() > 1 else 0.0
+
+
+def _json_float(v: float) -> float | None:
+    return None if math.isnan(v) else v
+
+
+

@@ -1,0 +1,97 @@
+"""Trainer equivalences on a small random model: micro-batches change nothing, same seed gives the same run."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo.config import load_config
+from grpo.trainer import train
+
+FAST = ["train.steps=2", "rollout.group_size=4", "train.prompts_per_step=3", "rollout.max_new_tokens=5",
+        "eval.size=8", "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false",
+        "train.lr=1e-3"]
+
+
+def run(tmp_path, model_dir, name, *extra):
+    cfg = load_config(None, [f"model.path={model_dir}", f"train.output_dir={tmp_path / name}", *FAST, *extra])
+    result = train(cfg)
+    weights = load_file(tmp_path / name / "model" / "model.safetensors")
+    rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return result, weights, rows
+
+
+def strip_perf(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+@pytest.mark.parametrize("extra", [
+    ["algo.preset=grpo"], ["algo.preset=dapo"], ["algo.preset=dr_grpo"], ["algo.preset=gspo"],
+    ["algo.preset=grpo", "algo.num_iterations=2"], ["algo.scale=rloo", "algo.mask_truncated=true"],
+])
+def test_micro_batch_size_changes_nothing(tmp_path, random_model_dir, extra):
+    _, w_whole, rows_whole = run(tmp_path, random_model_dir, "whole", "train.micro_batch_size=64", *extra)
+    _, w_micro, rows_micro = run(tmp_path, random_model_dir, "micro", "train.micro_batch_size=5", *extra)
+    for k in w_whole:
+        assert torch.allclose(w_whole[k], w_micro[k], atol=1e-6), k
+    for a, b in zip(strip_perf(rows_whole), strip_perf(rows_micro)):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], abs=1e-5), k
+
+
+def test_same_seed_same_run_and_another_seed_another(tmp_path, random_model_dir):
+    _, w1, rows1 = run(tmp_path, random_model_dir, "a")
+    _, w2, rows2 = run(tmp_path, random_model_dir, "b")
+    _, w3, rows3 = run(tmp_path, random_model_dir, "c", "train.seed=1")
+    assert strip_perf(rows1) == strip_perf(rows2)
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert strip_perf(rows1) != strip_perf(rows3)
+
+
+def test_metrics_rows_and_outputs(tmp_path, random_model_dir):
+    result, _, rows = run(tmp_path, random_model_dir, "out", "log.samples_every=1", "log.chart=true",
+                          "log.tensorboard=true", "eval.every=1")
+    out = tmp_path / "out"
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert "eval/accuracy" in rows[0] and "reward/mean" not in rows[0]  # the evaluation before any update
+    required = ["reward/mean", "reward/exact_match", "loss", "kl", "clip/frac", "completion/mean_length",
+                "perf/step_seconds", "perf/completion_tokens", "eval/accuracy", "eval/pass@2", "lr", "grad_norm"]
+    for r in rows[1:]:
+        assert all(k in r for k in required), [k for k in required if k not in r]
+    assert result.final_eval["eval/accuracy"] == rows[-1]["eval/accuracy"]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert {s["step"] for s in samples} == {1, 2} and len(samples) == 2 * 2 * 4  # 2 groups of G = 4 per step
+    assert {"prompt", "answer", "completion", "reward", "advantage", "reward/exact_match"} <= samples[0].keys()
+    assert (out / "chart.png").stat().st_size > 1000
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert (out / "config.yaml").exists() and (out / "model" / "model.safetensors").exists()
+    assert (out / "model" / "tokenizer.json").exists()
+    assert load_config(out / "config.yaml").train.steps == 2  # the resolved config reloads
+
+
+def test_reference_model_only_when_beta_positive(tmp_path, random_model_dir, monkeypatch):
+    import grpo.trainer as trainer
+
+    copies = []
+    real = trainer.frozen_copy
+    monkeypatch.setattr(trainer, "frozen_copy", lambda m: copies.append(1) or real(m))
+    run(tmp_path, random_model_dir, "nokl", "algo.beta=0")
+    assert copies == []
+    run(tmp_path, random_model_dir, "kl", "algo.beta=0.04")
+    assert copies == [1]
+
+
+def test_python_reward_callables(tmp_path, random_model_dir):
+    seen = {}
+
+    def always_one(prompts, completions, answer, task, **kw):
+        seen["n"] = len(completions)
+        seen["task"] = set(task)
+        return [1.0] * len(completions)
+
+    cfg = load_config(None, [f"model.path={random_model_dir}", f"train.output_dir={tmp_path / 'r'}", *FAST])
+    train(cfg, rewards=[always_one])
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert seen["n"] == 12 and seen["task"] <= {"arithmetic", "linear"}
+    assert rows[1]["reward/always_one"] == 1.0 and rows[1]["adv/std_zero_frac"] == 1.0

@@ -1,0 +1,106 @@
+"""Config loading: types, ranges, enums, unknown keys, presets, overrides, shipped files."""
+import dataclasses
+import typing
+
+import pytest
+
+from grpo.algo import PRESETS
+from grpo.cli import CONFIG_DIR, shipped_configs
+from grpo.config import Config, describe_options, load_config
+from grpo.errors import ConfigError
+
+
+def test_defaults_are_the_grpo_preset():
+    cfg = load_config()
+    assert cfg.algo.preset == "grpo" and cfg.algo.beta == 0.04 and cfg.algo.aggregation == "seq_mean"
+    assert cfg.model.path == "tiny" and cfg.rewards == ["exact_match"]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_fills_algo_fields(name):
+    cfg = load_config(None, [f"algo.preset={name}"])
+    p = PRESETS[name]
+    assert (cfg.algo.scale, cfg.algo.beta, cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.ratio_level,
+            cfg.algo.aggregation) == (p.scale, p.beta, p.clip_low, p.clip_high, p.ratio_level, p.aggregation)
+
+
+def test_explicit_keys_win_over_the_preset(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("algo:\n  preset: dapo\n  clip_high: 0.3\ntrain:\n  steps: 7\n")
+    cfg = load_config(f, ["train.steps=9", "algo.beta=0.01"])
+    assert cfg.algo.aggregation == "token_mean" and cfg.algo.clip_high == 0.3 and cfg.algo.beta == 0.01
+    assert cfg.train.steps == 9
+
+
+def test_override_values_are_yaml():
+    cfg = load_config(None, ["rewards=[exact_match, exact_match]", "reward_weights=[1, 0.5]", "train.lr=1e-3",
+                             "algo.mask_truncated=true", "eval.size=10"])
+    assert cfg.reward_weights == [1.0, 0.5] and cfg.train.lr == 1e-3 and cfg.algo.mask_truncated is True
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.stepz=3", "unknown key 'train.stepz'; did you mean 'train.steps'?"),
+    ("trian.steps=3", "unknown key 'trian'; did you mean 'train'?"),
+    ("train.steps=abc", "train.steps must be an int, got 'abc' (str)"),
+    ("train.steps=2.5", "train.steps must be an int, got 2.5"),
+    ("train.steps=0", "train.steps=0 is out of range; it must be >= 1"),
+    ("train.lr=-1", "train.lr=-1.0 is out of range; it must be > 0"),
+    ("algo.clip_low=1", "algo.clip_low=1.0 is out of range; it must be >= 0 and < 1"),
+    ("rollout.top_p=1.5", "rollout.top_p=1.5 is out of range; it must be > 0 and <= 1"),
+    ("rollout.group_size=1", "rollout.group_size=1 is out of range; it must be >= 2"),
+    ("algo.aggregation=sum", "algo.aggregation='sum' is not allowed; choose one of 'seq_mean', 'token_mean', 'constant'"),
+    ("algo.preset=ppo", "algo.preset='ppo' is not allowed; choose one of 'grpo', 'dr_grpo', 'dapo', 'gspo'"),
+    ("data.task=chess", "data.task='chess' is not allowed"),
+    ("log.tensorboard=maybe", "log.tensorboard must be a bool"),
+    ("rewards=exact_match", "rewards must be a list of str"),
+    ("rewards=[nope]", "rewards: unknown reward 'nope'; built-in rewards are exact_match"),
+    ("rewards=[os:nope_fn]", "rewards: cannot import reward 'os:nope_fn'"),
+    ("eval.reward=nope", "eval.reward: unknown reward 'nope'"),
+    ("reward_weights=[1, 2]", "reward_weights has 2 values but rewards names 1 functions"),
+    ("model=3", "model must be a mapping of keys, got int"),
+    ("noequals", "override 'noequals' is not of the form dotted.key=value"),
+    ("train.steps=[1", "override 'train.steps=[1': the value is not valid YAML"),
+])
+def test_errors_name_the_field_and_what_is_allowed(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(ConfigError, match="is not valid YAML"):
+        load_config(bad)
+    bad.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(bad)
+
+
+def test_every_field_is_documented_once():
+    text = describe_options()
+    hints = typing.get_type_hints(Config)
+    for section in dataclasses.fields(Config):
+        if dataclasses.is_dataclass(hints[section.name]):
+            for f in dataclasses.fields(hints[section.name]):
+                assert f.metadata["help"], f.name
+                assert text.count(f"  {section.name}.{f.name} (") == 1
+        else:
+            assert section.metadata["help"] and text.count(f"  {section.name} (") == 1
+    for key in ["model.path", "data.task", "rollout.group_size", "rollout.max_new_tokens", "rollout.temperature",
+                "train.prompts_per_step", "train.steps", "train.lr", "train.seed", "train.output_dir",
+                "algo.preset", "algo.beta", "algo.clip_low", "algo.clip_high", "algo.num_iterations",
+                "eval.every"]:
+        assert f"  {key} (" in text, key
+
+
+def test_shipped_configs_load_and_validate():
+    names = shipped_configs()
+    assert {"tiny", "presets/grpo", "presets/dr_grpo", "presets/dapo", "presets/gspo", "qwen2_math_1p5b"} <= set(names)
+    for name in names:
+        load_config(CONFIG_DIR / f"{name}.yaml")
+    for preset in PRESETS:
+        assert load_config(CONFIG_DIR / "presets" / f"{preset}.yaml").algo.preset == preset

@@ -1,0 +1,70 @@
+"""Reward functions and their plumbing: per-function values, weights, None, errors that name the function."""
+import math
+
+import pytest
+import torch
+
+from grpo.errors import DataError
+from grpo.rewards import exact_match, first_number, resolve_reward, score
+
+
+@pytest.mark.parametrize("completion, answer, expected", [
+    (" 14", "14", 1.0), ("14", "14", 1.0), (" 14.0", "14", 1.0), (" -3", "-3", 1.0), (" 3", "-3", 0.0),
+    (" 1 4", "14", 0.0), ("", "5", 0.0), (" five", "5", 0.0), (" 5 because 2*2+1", "5", 1.0),
+    (" 12, not 14", "14", 0.0), (" 1,000", "1000", 0.0), (" 7", " 7 ", 1.0), (" 0", "0", 1.0), (" -0", "0", 1.0),
+])
+def test_exact_match_first_number(completion, answer, expected):
+    assert exact_match(prompts=["p"], completions=[completion], answer=[answer]) == [expected]
+
+
+def test_first_number():
+    assert first_number("a -12.5 b 3") == "-12.5" and first_number("none") is None
+
+
+def _fn_none(prompts, completions, **kw):
+    return [None if c == "skip" else 2.0 for c in completions]
+
+
+def _fn_kwargs(prompts, completions, answer, task, **kw):
+    return [1.0 if t == "linear" else 0.0 for t in task]
+
+
+def test_score_weights_none_and_fields_as_keywords():
+    total, per_fn = score([exact_match, _fn_none, _fn_kwargs], [1.0, 0.5, 3.0], ["p"] * 3, [" 5", "skip", " 4"],
+                          {"answer": ["5", "5", "5"], "task": ["linear", "arithmetic", "linear"]})
+    assert per_fn["exact_match"].tolist() == [1.0, 0.0, 0.0]
+    assert math.isnan(per_fn["_fn_none"][1])
+    assert total.tolist() == [1.0 + 1.0 + 3.0, 0.0 + 0.0, 0.0 + 1.0 + 3.0]
+
+
+def test_completion_no_function_scores_gets_nan_total():
+    total, _ = score([_fn_none], None, ["p", "p"], ["skip", "x"], {"answer": ["1", "1"]})
+    assert math.isnan(total[0]) and total[1] == 2.0
+
+
+def test_wrong_number_of_values_is_an_error_naming_the_function():
+    def short(prompts, completions, **kw):
+        return [1.0]
+
+    with pytest.raises(DataError, match="reward function 'short' returned 1 values for 2 completions"):
+        score([short], None, ["p", "q"], ["a", "b"], {"answer": ["1", "2"]})
+
+
+def test_raising_function_is_named_with_the_example():
+    def broken(prompts, completions, answer, **kw):
+        return [1.0 / int(a) for a in answer]
+
+    with pytest.raises(DataError, match="reward function 'broken' raised ZeroDivisionError: float division by zero on "
+                                        "prompt 'Calculate 0 =' with completion 'b'"):
+        score([broken], None, ["Calculate 1 =", "Calculate 0 ="], ["a", "b"], {"answer": ["1", "0"]})
+
+
+def test_non_numeric_value_is_an_error():
+    with pytest.raises(DataError, match="returned 'yes'; rewards must be floats or None"):
+        score([lambda prompts, completions, **kw: ["yes"]], None, ["p"], ["a"], {"answer": ["1"]})
+
+
+def test_resolve_module_function():
+    assert resolve_reward("grpo.rewards:exact_match") is exact_match
+    assert resolve_reward("exact_match") is exact_match
+    assert isinstance(score([exact_match], None, ["p"], ["1"], {"answer": ["1"]})[0], torch.Tensor)

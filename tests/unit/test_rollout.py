@@ -1,0 +1,137 @@
+"""Rollouts: masks from positions (SPEC 12), truncation, grouping, seeding, and agreement with HF generate."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+
+from grpo.rollout import HFGenerator, Sampling, sample_next
+from grpo.tiny import build_char_tokenizer
+
+
+class _Cache:
+    def __init__(self, rows):
+        self.rows = rows  # [script, position] per sequence
+
+    def batch_repeat_interleave(self, n):
+        self.rows = [list(r) for r in self.rows for _ in range(n)]
+
+
+class ScriptedLM:
+    """A stand-in causal LM that emits a fixed token script per prompt, whatever the sampling settings."""
+
+    def __init__(self, tokenizer, scripts):
+        self.tok = tokenizer
+        self.scripts = scripts
+        self.device = torch.device("cpu")
+        self.generation_config = transformers.GenerationConfig(eos_token_id=tokenizer.eos_token_id)
+
+    def __call__(self, input_ids, attention_mask, position_ids, past_key_values=None, use_cache=True,
+                 logits_to_keep=None):
+        if past_key_values is None:
+            prompts = [self.tok.decode(ids[m.bool()]) for ids, m in zip(input_ids, attention_mask)]
+            cache = _Cache([[self.scripts[p], 0] for p in prompts])
+        else:
+            cache = past_key_values
+            for r in cache.rows:
+                r[1] += 1
+        logits = torch.full((len(cache.rows), 1, len(self.tok)), -1e4)
+        for i, (script, k) in enumerate(cache.rows):
+            logits[i, 0, script[min(k, len(script) - 1)]] = 1e4
+        return SimpleNamespace(logits=logits, past_key_values=cache)
+
+
+@pytest.fixture
+def tok():
+    return build_char_tokenizer()
+
+
+def scripted(tok, pad_is_eos=False):
+    eos = tok.eos_token_id
+    scripts = {"a": tok.encode(" 12") + [eos], "bb": [eos], "c": tok.encode("x" * 20)}
+    if pad_is_eos:
+        tok.pad_token = tok.eos_token
+    return HFGenerator(ScriptedLM(tok, scripts), tok)
+
+
+@pytest.mark.parametrize("pad_is_eos", [False, True])
+def test_masks_come_from_positions(tok, pad_is_eos):
+    gen = scripted(tok, pad_is_eos)
+    r = gen.generate(["a", "bb", "c"], Sampling(n=2, max_new_tokens=6), torch.Generator().manual_seed(0))
+    assert r.completion_ids.shape == (6, 6)
+    expect_mask = [[1, 1, 1, 1, 0, 0]] * 2 + [[1, 0, 0, 0, 0, 0]] * 2 + [[1] * 6] * 2
+    assert r.completion_mask.tolist() == expect_mask
+    assert r.truncated.tolist() == [False, False, False, False, True, True]
+    assert r.texts == [" 12", " 12", "", "", "xxxxxx", "xxxxxx"]
+    assert r.lengths.tolist() == [4, 4, 1, 1, 6, 6]
+    eos, pad = tok.eos_token_id, gen.pad_id
+    assert r.completion_ids[0].tolist() == tok.encode(" 12") + [eos, pad, pad]
+    # prompts: left-padded, repeated for each completion of the group
+    assert r.prompt_mask.tolist() == [[0, 1]] * 2 + [[1, 1]] * 2 + [[0, 1]] * 2
+    assert tok.decode(r.prompt_ids[2][r.prompt_mask[2].bool()]) == "bb"
+
+
+def test_generation_stops_when_every_row_has_ended(tok):
+    r = scripted(tok).generate(["a", "bb"], Sampling(n=1, max_new_tokens=50))
+    assert r.completion_ids.shape == (2, 4) and not r.truncated.any()
+
+
+def test_batches_of_prompts_are_joined(tok):
+    gen = scripted(tok)
+    gen.max_batch_prompts = 1
+    r = gen.generate(["bb", "a", "c"], Sampling(n=2, max_new_tokens=5))
+    assert r.completion_mask.sum(1).tolist() == [1, 1, 4, 4, 5, 5]
+    assert r.prompt_ids.shape == (6, 2) and r.prompt_mask.tolist()[2] == [0, 1]
+
+
+@pytest.fixture(scope="module")
+def model_and_tok(random_model_dir):
+    model = transformers.AutoModelForCausalLM.from_pretrained(random_model_dir)
+    return model.eval(), transformers.AutoTokenizer.from_pretrained(random_model_dir)
+
+
+PROMPTS = ["Calculate 1 + 2 * 3 =", "Solve y = 2x + 1 for x = 2, y =", "Hi"]
+
+
+def test_greedy_matches_transformers_generate(model_and_tok):
+    model, tok = model_and_tok
+    r = HFGenerator(model, tok).generate(PROMPTS, Sampling(n=1, max_new_tokens=7, temperature=0.0))
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    ref = model.generate(**enc, max_new_tokens=7, do_sample=False, pad_token_id=tok.pad_token_id)
+    ref = ref[:, enc["input_ids"].shape[1]:]
+    for i in range(len(PROMPTS)):
+        n = int(r.lengths[i])
+        assert r.completion_ids[i, :n].tolist() == ref[i, :n].tolist()
+
+
+def test_seeded_sampling_is_reproducible_and_grouped(model_and_tok):
+    model, tok = model_and_tok
+    gen = HFGenerator(model, tok)
+    s = Sampling(n=4, max_new_tokens=6, temperature=1.0)
+    a = gen.generate(PROMPTS, s, torch.Generator().manual_seed(1))
+    b = gen.generate(PROMPTS, s, torch.Generator().manual_seed(1))
+    c = gen.generate(PROMPTS, s, torch.Generator().manual_seed(2))
+    assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    assert len(a) == 12 and a.completion_ids.shape[1] <= 6
+    g = gen.generate(PROMPTS, Sampling(n=3, max_new_tokens=6, temperature=0.0))
+    assert g.texts[0] == g.texts[1] == g.texts[2] and g.texts[3] == g.texts[5]
+    assert torch.equal(gen.generate(PROMPTS, Sampling(n=1, max_new_tokens=6, top_k=1),
+                                    torch.Generator().manual_seed(3)).completion_ids, g.completion_ids[::3])
+
+
+def test_sample_next_top_p_and_top_k():
+    two = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]]))
+    logits = two.repeat(400, 1)  # 400 draws from each row in one call
+    rng = torch.Generator().manual_seed(0)
+
+    def drawn(sampling):
+        d = sample_next(logits, sampling, rng).view(400, 2)
+        return set(d[:, 0].tolist()), set(d[:, 1].tolist())
+
+    # nucleus = the smallest set of most likely tokens whose probability reaches top_p
+    assert drawn(Sampling(1, 1, top_p=0.55)) == ({0}, {1, 2})
+    assert drawn(Sampling(1, 1, top_p=0.85)) == ({0, 1}, {0, 1, 2})
+    assert drawn(Sampling(1, 1, top_k=2)) == ({0, 1}, {1, 2})
+    assert drawn(Sampling(1, 1)) == ({0, 1, 2}, {0, 1, 2})
+    assert sample_next(two, Sampling(1, 1, temperature=0.0), None).tolist() == [0, 1]
