@@ -80,6 +80,11 @@ def _train(cfg, args) -> int:
     from grpo.trainer import train
 
     result = train(cfg)
+    if result.stopped_by:
+        again = " ".join(["grpo", "train", *args.args, "train.resume=auto"])
+        print(f"stopped by {result.stopped_by} after step {result.steps_done}; checkpoint {result.checkpoint}\n"
+              f"resume with: {again}", file=sys.stderr)
+        return 128 + {"SIGINT": 2, "SIGTERM": 15}[result.stopped_by]
     before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
     print(f"held-out accuracy {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points); "
           f"outputs in {result.output_dir}")

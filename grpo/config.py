@@ -98,6 +98,13 @@ class TrainConfig:
     seed: int = opt(0, "Seed of the data order, the sampling and the initialisation: same seed, same run.")
     output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.")
     threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0)
+    save_every: int = opt(0, "Write a checkpoint every this many steps (and at the end); 0 writes none, "
+                             "except when a SIGINT/SIGTERM stops the run.", ge=0)
+    keep_last: int = opt(2, "Complete checkpoints to keep; older ones are deleted.", ge=1)
+    resume: str = opt("", "Continue a run: 'auto' takes the newest complete checkpoint in output_dir (or starts "
+                          "afresh if there is none); a path names a checkpoint or a run directory.")
+    max_nonfinite_steps: int = opt(3, "Abort after this many consecutive steps whose loss or gradient is NaN or "
+                                      "inf (each such update is skipped).", ge=1)
 
 
 @dataclass

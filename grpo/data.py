@@ -26,6 +26,10 @@ class PromptStream:
         random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
+    def restore(self, epoch: int, position: int) -> None:
+        self.epoch, self.position = epoch, position
+        self._order = self._shuffled(epoch)
+
     def next_batch(self) -> list[Example]:
         out = []
         while len(out) < self.batch_size:

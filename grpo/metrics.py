@@ -13,21 +13,30 @@ BAR_FIELDS = {"reward/mean": "reward", "eval/accuracy": "acc", "kl": "kl", "comp
 
 
 class RunLogger:
-    def __init__(self, out_dir: Path, cfg: LogConfig, total_steps: int, *, append: bool = False):
+    def __init__(self, out_dir: Path, cfg: LogConfig, total_steps: int, *, resume_step: int | None = None):
+        """`resume_step`: continue a run whose checkpoint is at that step; lines the earlier process logged
+        after it are dropped, so the files read as if the run had never stopped."""
         from tqdm.auto import tqdm
 
         self.out_dir = out_dir
         self.cfg = cfg
-        mode = "a" if append else "w"
+        self.history: list[dict] = []
+        if resume_step is not None:
+            self.history = _truncate(out_dir / "metrics.jsonl", resume_step)
+            _truncate(out_dir / "samples.jsonl", resume_step)
+        mode = "a" if resume_step is not None else "w"
         self._metrics = open(out_dir / "metrics.jsonl", mode)
         self._samples = open(out_dir / "samples.jsonl", mode)
         self._tb = None
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self._tb = SummaryWriter(str(out_dir / "tensorboard"))
-        self.history: list[dict] = []
+            purge = None if resume_step is None else resume_step + 1
+            self._tb = SummaryWriter(str(out_dir / "tensorboard"), purge_step=purge)
         self._last: dict[str, float] = {}
-        self.bar = tqdm(total=total_steps, disable=not cfg.progress, dynamic_ncols=True, desc="grpo", unit="step")
+        for row in self.history:
+            self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS})
+        self.bar = tqdm(total=total_steps, initial=resume_step or 0, disable=not cfg.progress, dynamic_ncols=True,
+                        desc="grpo", unit="step")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
@@ -60,6 +69,22 @@ class RunLogger:
         self._samples.close()
         if self.cfg.chart:
             draw_chart(self.history, self.out_dir / "chart.png")
+
+
+def _truncate(path: Path, last_step: int) -> list[dict]:
+    """Keep the rows of a JSONL file up to `last_step` (a torn last line is dropped too)."""
+    rows, keep = [], []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("step", 0) <= last_step:
+                rows.append(row)
+                keep.append(line)
+    path.write_text("".join(line + "\n" for line in keep))
+    return rows
 
 
 def _plain(v):

@@ -15,15 +15,23 @@ Variants never branch here: they are the values passed to `compute_advantages` a
 from __future__ import annotations
 
 import math
+import os
 import random
+import signal
+import sys
+import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 
 from grpo.algo import compute_advantages, loss_normalizer, policy_loss
+from grpo.checkpoint import find_checkpoint, incompatible_keys, load_checkpoint, rng_states, save_checkpoint
 from grpo.config import Config, to_yaml
+from grpo.errors import ConfigError, GRPOError
 from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.evaluation import evaluate, example_fields
@@ -41,6 +49,14 @@ class TrainResult:
     history: list[dict]
     initial_eval: dict[str, float] = field(default_factory=dict)
     final_eval: dict[str, float] = field(default_factory=dict)
+    steps_done: int = 0
+    stopped_by: str | None = None           # "SIGINT" or "SIGTERM" when a signal ended the run early
+    checkpoint: Path | None = None          # the newest checkpoint written by this call
+    resumed_from: Path | None = None
+
+
+class TrainingAborted(GRPOError):
+    """Too many consecutive non-finite steps: the run stops without writing weights."""
 
 
 @dataclass
@@ -64,23 +80,32 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     _seed_everything(cfg.train.seed)
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(to_yaml(cfg))
+    config_yaml = to_yaml(cfg)
 
     task = load_builtin_task(cfg.data.task, cfg.train.seed)
     policy, tokenizer = load_model(cfg.model)
-    reference = frozen_copy(policy) if cfg.algo.beta > 0 else None
+    reference = frozen_copy(policy) if cfg.algo.beta > 0 else None  # the initial policy, before any resume
     generator = HFGenerator(policy, tokenizer)
     reward_fns = list(rewards) if rewards is not None else [resolve_reward(n) for n in cfg.rewards]
     correct_fn = resolve_reward(cfg.eval.reward, field="eval.reward")
     optimizer, scheduler = _optimizer(cfg, policy)
     if cfg.train.prompts_per_step % dist.world_size:
-        raise ValueError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the "
+        raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the "
                          f"number of processes ({dist.world_size})")
     stream = PromptStream(task.train, cfg.train.prompts_per_step, cfg.train.seed)
     sample_rng = torch.Generator().manual_seed(cfg.train.seed + 1000 * dist.rank)
     eval_set = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
-    logger = RunLogger(out, cfg.log, cfg.train.steps)
-    result = TrainResult(out, logger.history)
+
+    ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
+    state = {"step": 0, "nonfinite_streak": 0, "initial_eval": {}, "final_eval": {}}
+    if ckpt is not None:
+        state = _restore(cfg, ckpt, policy, optimizer, scheduler, sample_rng, stream)
+    (out / "config.yaml").write_text(config_yaml)
+    logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state["step"] if ckpt else None)
+    result = TrainResult(out, logger.history, state["initial_eval"], state["final_eval"], state["step"],
+                         resumed_from=ckpt)
+    if ckpt is not None:
+        logger.write(f"resumed from {ckpt} at step {state['step']}")
 
     def run_eval(step: int) -> dict[str, float]:
         metrics = evaluate(generator, eval_set, correct_fn, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -90,43 +115,124 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
                      + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
         return metrics
 
-    result.initial_eval = run_eval(0)
-    logger.log(0, result.initial_eval)
-    for step in range(1, cfg.train.steps + 1):
-        start = time.perf_counter()
-        # 1-2. this rank's prompts, G completions each
-        examples = _shard(stream.next_batch(), dist)
-        rollout = generator.generate([e.prompt for e in examples], _sampling(cfg), sample_rng)
-        rollout_seconds = time.perf_counter() - start
-        # 3-4. rewards and advantages
-        batch = _score(cfg, dist, reward_fns, examples, rollout)
-        # 5-6. step-wide normaliser; reference and old log-probs
-        normalizer = loss_normalizer(cfg.algo.aggregation, num_sequences=int(dist.sum(len(rollout))),
-                                     num_tokens=int(dist.sum(batch.loss_mask.sum().item())),
-                                     max_completion_length=cfg.rollout.max_new_tokens)
-        if reference is not None:
-            batch.ref_logp = _logprobs_no_grad(cfg, reference, rollout)
-        if cfg.algo.num_iterations > 1:
-            batch.old_logp = _logprobs_no_grad(cfg, policy, rollout)
-        # 7. μ updates
-        update_stats = [_update(cfg, policy, optimizer, batch, normalizer) for _ in range(cfg.algo.num_iterations)]
-        scheduler.step()
-        # 8. log, sample, evaluate
-        seconds = time.perf_counter() - start
-        metrics = _step_metrics(cfg, dist, batch, update_stats, seconds, rollout_seconds,
-                                lr=scheduler.get_last_lr()[0])
-        if cfg.log.samples_every and step % cfg.log.samples_every == 0:
-            logger.samples(step, _sample_rows(cfg, tokenizer, examples, batch))
-        if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
-            result.final_eval = run_eval(step)
-            metrics.update(result.final_eval)
-        logger.log(step, metrics)
-        logger.advance()
+    def save(step: int) -> None:
+        state.update(step=step, stream={"epoch": stream.epoch, "position": stream.position},
+                     initial_eval=result.initial_eval, final_eval=result.final_eval)
+        result.checkpoint = save_checkpoint(out, step, model=policy, optimizer=optimizer, scheduler=scheduler,
+                                            rng=rng_states(sample_rng), state=state, config_yaml=config_yaml,
+                                            keep_last=cfg.train.keep_last)
 
-    policy.save_pretrained(out / "model")
-    tokenizer.save_pretrained(out / "model")
+    if ckpt is None:
+        result.initial_eval = run_eval(0)
+        logger.log(0, result.initial_eval)
+    with GracefulStop() as stop:
+        for step in range(state["step"] + 1, cfg.train.steps + 1):
+            start = time.perf_counter()
+            # 1-2. this rank's prompts, G completions each
+            examples = _shard(stream.next_batch(), dist)
+            rollout = generator.generate([e.prompt for e in examples], _sampling(cfg), sample_rng)
+            rollout_seconds = time.perf_counter() - start
+            # 3-4. rewards and advantages
+            batch = _score(cfg, dist, reward_fns, examples, rollout)
+            # 5-6. step-wide normaliser; reference and old log-probs
+            normalizer = loss_normalizer(cfg.algo.aggregation, num_sequences=int(dist.sum(len(rollout))),
+                                         num_tokens=int(dist.sum(batch.loss_mask.sum().item())),
+                                         max_completion_length=cfg.rollout.max_new_tokens)
+            if reference is not None:
+                batch.ref_logp = _logprobs_no_grad(cfg, reference, rollout)
+            if cfg.algo.num_iterations > 1:
+                batch.old_logp = _logprobs_no_grad(cfg, policy, rollout)
+            # 7. μ updates (an update whose loss or gradient is not finite is skipped)
+            updates = [_update(cfg, policy, optimizer, batch, normalizer) for _ in range(cfg.algo.num_iterations)]
+            scheduler.step()
+            # 8. log, sample, evaluate
+            metrics = _step_metrics(cfg, dist, batch, updates, time.perf_counter() - start, rollout_seconds,
+                                    lr=scheduler.get_last_lr()[0])
+            _check_finite(cfg, state, updates, metrics, step, logger, result)
+            if cfg.log.samples_every and step % cfg.log.samples_every == 0:
+                logger.samples(step, _sample_rows(cfg, tokenizer, examples, batch))
+            if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
+                result.final_eval = run_eval(step)
+                metrics.update(result.final_eval)
+            logger.log(step, metrics)
+            logger.advance()
+            result.steps_done = step
+            if stop.signal or (cfg.train.save_every and (step % cfg.train.save_every == 0
+                                                         or step == cfg.train.steps)):
+                save(step)
+            if stop.signal:
+                result.stopped_by = stop.signal
+                break
+
+    if result.stopped_by is None:
+        policy.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
     logger.close()
     return result
+
+
+def _restore(cfg: Config, ckpt: Path, policy, optimizer, scheduler, sample_rng, stream: PromptStream) -> dict:
+    """Load a checkpoint into the freshly built objects, after checking the config still matches."""
+    saved = yaml.safe_load((ckpt / "config.yaml").read_text())
+    bad = incompatible_keys(saved, cfg.to_dict())
+    if bad:
+        raise ConfigError(f"cannot resume from {ckpt}: the config differs in keys that change the results: "
+                          + "; ".join(bad))
+    if saved["train"]["steps"] != cfg.train.steps and cfg.train.lr_schedule != "constant":
+        warnings.warn(f"train.steps changed from {saved['train']['steps']} to {cfg.train.steps}: the "
+                      f"{cfg.train.lr_schedule} LR decay now ends at the new step count", stacklevel=3)
+    state = load_checkpoint(ckpt, model=policy, optimizer=optimizer, scheduler=scheduler, sampler=sample_rng)
+    stream.restore(state["stream"]["epoch"], state["stream"]["position"])
+    return state
+
+
+def _check_finite(cfg: Config, state: dict, updates: list[dict], metrics: dict, step: int, logger,
+                  result: TrainResult) -> None:
+    """Count consecutive steps with a skipped (non-finite) update; abort after `max_nonfinite_steps`."""
+    bad = [u["nonfinite"] for u in updates if u["nonfinite"]]
+    metrics["fault/skipped_updates"] = len(bad)
+    if not bad:
+        state["nonfinite_streak"] = 0
+        return
+    state["nonfinite_streak"] += 1
+    metrics["fault/nonfinite"] = bad[0]
+    logger.write(f"step {step}: non-finite {bad[0]}; update skipped "
+                 f"({state['nonfinite_streak']}/{cfg.train.max_nonfinite_steps} in a row)")
+    if state["nonfinite_streak"] >= cfg.train.max_nonfinite_steps:
+        logger.log(step, metrics)
+        logger.close()
+        where = f"; the last good checkpoint is {result.checkpoint}" if result.checkpoint else ""
+        raise TrainingAborted(f"aborted at step {step}: non-finite {bad[0]} in {state['nonfinite_streak']} "
+                              f"consecutive steps (train.max_nonfinite_steps={cfg.train.max_nonfinite_steps}); "
+                              f"no weights were written{where}. Lower train.lr or check the rewards")
+
+
+class GracefulStop:
+    """SIGINT/SIGTERM: let the current step finish, checkpoint, and stop. A second signal exits at once."""
+
+    def __init__(self):
+        self.signal: str | None = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.signal is not None:
+            sys.stderr.write(f"\ngrpo: second {name}: exiting now without a checkpoint\n")
+            os._exit(128 + signum)
+        self.signal = name
+        sys.stderr.write(f"\ngrpo: {name} received: finishing this step, then writing a checkpoint "
+                         "(send it again to exit at once)\n")
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -177,6 +283,7 @@ def _update(cfg: Config, policy, optimizer, batch: StepBatch, normalizer: float)
     a = cfg.algo
     optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
+    nonfinite = None
     for rows, pcols, ccols in _micro_batches(cfg, batch.rollout):
         logp = _mb_logprobs(cfg, policy, batch.rollout, rows, pcols, ccols)
         old = batch.old_logp[rows, ccols] if batch.old_logp is not None else logp.detach()
@@ -185,6 +292,8 @@ def _update(cfg: Config, policy, optimizer, batch: StepBatch, normalizer: float)
                                   beta=a.beta, clip_low=a.clip_low, clip_high=a.clip_high,
                                   ratio_level=a.ratio_level, aggregation=a.aggregation, normalizer=normalizer,
                                   max_completion_length=cfg.rollout.max_new_tokens, kl_kind=a.kl_kind)
+        if not torch.isfinite(loss) and nonfinite is None:
+            nonfinite = "loss"
         loss.backward()
         tokens = stats["tokens"].item()
         _add(totals, {"loss": loss.item(), "loss/policy": stats["loss/policy"].item(),
@@ -194,7 +303,14 @@ def _update(cfg: Config, policy, optimizer, batch: StepBatch, normalizer: float)
     params = [p for p in policy.parameters() if p.requires_grad]
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
     totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
-    optimizer.step()
+    if nonfinite is None and not math.isfinite(totals["grad_norm"]):
+        name = next((n for n, p in policy.named_parameters() if p.grad is not None
+                     and not torch.isfinite(p.grad).all()), "?")
+        nonfinite = f"gradient ({name})"
+    totals["nonfinite"] = nonfinite
+    if nonfinite is None:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
     return totals
 
 
@@ -213,7 +329,8 @@ def _step_metrics(cfg: Config, dist: Dist, batch: StepBatch, updates: list[dict]
         m[f"reward/{name}"] = _nanmean(dist.gather(values))
     spread = grouped.nan_to_num(0.0)
     m["adv/std_zero_frac"] = (spread.amax(1) == spread.amin(1)).float().mean().item()
-    u = {k: dist.sum(sum(d[k] for d in updates)) / len(updates) for k in updates[0] if k != "grad_norm"}
+    u = {k: dist.sum(sum(d[k] for d in updates)) / len(updates) for k in updates[0]
+         if k not in ("grad_norm", "nonfinite")}
     tokens = max(u.pop("tokens"), 1.0)
     m.update({k: u[k] / tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac")})
     m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})

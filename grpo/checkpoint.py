@@ -1,0 +1,209 @@
+"""Checkpoints that resume a run exactly, written atomically.
+
+A checkpoint is a directory `<run>/checkpoints/step-00000010/` holding the model weights (safetensors), the
+optimizer and LR-schedule state, every RNG state, the trainer state (step, data position, evaluations) and
+the resolved config. It is written into a temporary directory and renamed into place; the last file written
+is `COMPLETE`, which records the size and SHA-256 of every other file. A directory without a valid marker (a
+process killed mid-write, a full disk, a file damaged later) is never loaded: `find_checkpoint` skips it with
+a warning naming what was wrong and takes the newest complete one before it.
+
+Everything is loaded with safetensors or `torch.load(weights_only=True)`: no pickled code runs on resume.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from grpo.errors import ConfigError
+
+MARKER = "COMPLETE"
+FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# RNG states
+
+def rng_states(sampler: torch.Generator) -> dict:
+    np_state = np.random.get_state()
+    states = {"python": random.getstate(), "torch": torch.get_rng_state(), "sampler": sampler.get_state(),
+              "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]]}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict, sampler: torch.Generator) -> None:
+    random.setstate(_tuples(states["python"]))
+    torch.set_rng_state(states["torch"])
+    sampler.set_state(states["sampler"])
+    name, keys, *rest = states["numpy"]
+    np.random.set_state((name, keys.numpy(), *rest))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+# ---------------------------------------------------------------------------------------------------------
+# writing
+
+def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rng: dict, state: dict,
+                    config_yaml: str, keep_last: int) -> Path:
+    """Write the checkpoint of `step` atomically and keep only the newest `keep_last` complete ones."""
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_model(model, str(tmp / "model.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+    (tmp / "config.yaml").write_text(config_yaml)
+    files = {}
+    for name in FILES:
+        _fsync(tmp / name)
+        files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+    (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
+    _fsync(tmp / MARKER)
+    _fsync(tmp)
+    if final.exists():  # the same step written again (a resumed run saving where it started)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync(root)
+    _prune(root, keep_last)
+    return final
+
+
+def _prune(root: Path, keep_last: int) -> None:
+    complete = [p for p in sorted(root.glob("step-*")) if (p / MARKER).exists()]
+    for old in complete[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for tmp in root.glob(".tmp-step-*"):  # left by processes that died while writing
+        if not tmp.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# finding and reading
+
+def verify(ckpt: Path) -> str | None:
+    """None if `ckpt` is complete and intact, else what is wrong with it."""
+    marker = ckpt / MARKER
+    if not marker.is_file():
+        return f"no {MARKER} marker (the write did not finish)"
+    try:
+        files = json.loads(marker.read_text())["files"]
+    except (ValueError, KeyError, TypeError):
+        return f"unreadable {MARKER} marker"
+    for name in FILES:
+        p = ckpt / name
+        if name not in files or not p.is_file():
+            return f"{name} is missing"
+        if p.stat().st_size != files[name]["bytes"] or _sha256(p) != files[name]["sha256"]:
+            return f"{name} does not match its recorded size and checksum"
+    return None
+
+
+def find_checkpoint(spec: str, run_dir: Path) -> Path | None:
+    """`spec` "auto": the newest complete checkpoint of `run_dir`, or None if it has none. A path: that
+    checkpoint (it must be complete), or the newest complete one of the run directory it names."""
+    if spec != "auto":
+        path = Path(spec)
+        if (path / MARKER).exists() or path.name.startswith("step-"):
+            problem = verify(path)
+            if problem:
+                raise ConfigError(f"train.resume={spec!r}: cannot resume from it: {problem}")
+            return path
+        if not path.is_dir():
+            raise ConfigError(f"train.resume={spec!r} is neither 'auto' nor an existing checkpoint or run directory")
+        run_dir = path
+    for ckpt in sorted(checkpoint_root(run_dir).glob("step-*"), reverse=True):
+        problem = verify(ckpt)
+        if problem is None:
+            return ckpt
+        warnings.warn(f"skipping checkpoint {ckpt}: {problem}", stacklevel=2)
+    if spec != "auto":
+        raise ConfigError(f"train.resume={spec!r}: no complete checkpoint in {checkpoint_root(run_dir)}")
+    return None
+
+
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sampler: torch.Generator) -> dict:
+    """Restore model, optimizer, LR schedule and RNG states in place; return the trainer state."""
+    missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
+    if unexpected or [m for m in missing if m not in _tied(model)]:
+        raise ConfigError(f"checkpoint {ckpt} does not fit this model (missing {missing[:3]}, "
+                          f"unexpected {unexpected[:3]})")
+    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+    extra = torch.load(ckpt / "rng.pt", weights_only=True)
+    scheduler.load_state_dict(extra["scheduler"])
+    set_rng_states(extra["rng"], sampler)
+    return json.loads((ckpt / "trainer_state.json").read_text())
+
+
+def _tied(model) -> set[str]:
+    keys = getattr(model, "_tied_weights_keys", None) or []
+    return set(keys if not isinstance(keys, dict) else keys.keys())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# what a resume may change
+
+# Keys whose change would make the resumed run differ from an uninterrupted one. Anything else (steps to run,
+# logging, evaluation, where the model runs, micro-batch size, threads) may change on resume.
+EXACT = ("model.path", "model.dtype", "data.", "rollout.", "algo.", "rewards", "reward_weights",
+         "train.prompts_per_step", "train.lr", "train.lr_schedule", "train.warmup_steps", "train.weight_decay", "train.adam_beta1",
+         "train.adam_beta2", "train.max_grad_norm", "train.seed")
+
+
+def incompatible_keys(saved: dict, current: dict) -> list[str]:
+    """Dotted keys that differ between two resolved configs in a way that breaks exactness."""
+    a, b = _flatten(saved), _flatten(current)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key) and any(key == e or (e.endswith(".") and key.startswith(e)) or
+                                             key.startswith(e + ".") for e in EXACT):
+            out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return out
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,211 @@
+"""Checkpoints: exact resume, torn checkpoints, SIGKILL at random moments, SIGTERM, NaN steps, config checks."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import grpo.trainer as trainer
+from grpo.checkpoint import MARKER, checkpoint_root, find_checkpoint
+from grpo.config import load_config
+from grpo.errors import ConfigError
+
+FAST = ["rollout.group_size=4", "train.prompts_per_step=3", "rollout.max_new_tokens=5", "eval.size=8",
+        "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false", "train.lr=1e-3",
+        "log.samples_every=1", "train.threads=2"]
+
+
+def cfg_for(model_dir, out, *extra):
+    return load_config(None, [f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *extra])
+
+
+def rows(out, drop_perf=True):
+    lines = (Path(out) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(x).items() if not (drop_perf and k.startswith("perf/"))} for x in lines]
+
+
+def weights(out):
+    return load_file(Path(out) / "model" / "model.safetensors")
+
+
+def assert_same_run(a, b):
+    assert rows(a) == rows(b)
+    assert (Path(a) / "samples.jsonl").read_text() == (Path(b) / "samples.jsonl").read_text()
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)  # bit for bit
+
+
+def test_resume_is_bit_for_bit(tmp_path, random_model_dir):
+    k = 3
+    common = ["algo.num_iterations=2", "algo.beta=0.04", f"eval.every={k}", "train.lr_schedule=constant"]
+    trainer.train(cfg_for(random_model_dir, tmp_path / "straight", f"train.steps={2 * k}", *common))
+    trainer.train(cfg_for(random_model_dir, tmp_path / "split", f"train.steps={k}", f"train.save_every={k}",
+                          *common))
+    result = trainer.train(cfg_for(random_model_dir, tmp_path / "split", f"train.steps={2 * k}",
+                                   "train.resume=auto", *common))
+    assert result.resumed_from.name == f"step-{k:08d}"
+    assert_same_run(tmp_path / "straight", tmp_path / "split")
+
+
+def test_keep_last_and_torn_checkpoints_are_skipped(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    trainer.train(cfg_for(random_model_dir, out, "train.steps=4", "train.save_every=1", "train.keep_last=3"))
+    ckpts = sorted(p.name for p in checkpoint_root(out).iterdir())
+    assert ckpts == ["step-00000002", "step-00000003", "step-00000004"]
+    root = checkpoint_root(out)
+    (root / "step-00000004" / "optimizer.pt").write_bytes(b"torn")      # damaged after the fact
+    (root / "step-00000003" / MARKER).unlink()                          # killed before the marker
+    (root / ".tmp-step-00000005-999999").mkdir()                        # killed mid-write
+    with pytest.warns(UserWarning) as record:
+        assert find_checkpoint("auto", out).name == "step-00000002"
+    messages = " | ".join(str(w.message) for w in record)
+    assert "step-00000004: optimizer.pt does not match its recorded size and checksum" in messages
+    assert "step-00000003: no COMPLETE marker" in messages
+    with pytest.raises(ConfigError, match="cannot resume from it: no COMPLETE marker"):
+        find_checkpoint(str(root / "step-00000003"), out)
+
+
+def test_resume_auto_without_checkpoint_starts_afresh(tmp_path, random_model_dir):
+    result = trainer.train(cfg_for(random_model_dir, tmp_path / "r", "train.steps=1", "train.resume=auto"))
+    assert result.resumed_from is None and result.steps_done == 1
+
+
+def test_config_that_breaks_exactness_is_refused(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    trainer.train(cfg_for(random_model_dir, out, "train.steps=2", "train.save_every=2"))
+    with pytest.raises(ConfigError) as e:
+        trainer.train(cfg_for(random_model_dir, out, "train.steps=3", "train.resume=auto", "algo.beta=0.1",
+                              "rollout.group_size=8"))
+    msg = str(e.value)
+    assert "algo.beta: 0.04 -> 0.1" in msg and "rollout.group_size: 4 -> 8" in msg and "\n" not in msg
+    # harmless: more steps, other logging and evaluation settings, micro-batch size
+    result = trainer.train(cfg_for(random_model_dir, out, "train.steps=3", "train.resume=auto",
+                                   "log.samples_every=2", "eval.every=5", "train.micro_batch_size=4"))
+    assert result.steps_done == 3 and [r["step"] for r in rows(out)] == [0, 1, 2, 3]
+
+
+def test_nonfinite_updates_are_skipped_then_abort(tmp_path, random_model_dir, monkeypatch):
+    real = trainer.policy_loss
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] >= 2 else loss), stats  # finite first step, then NaN
+
+    monkeypatch.setattr(trainer, "policy_loss", flaky)
+    out = tmp_path / "nan"
+    with pytest.raises(trainer.TrainingAborted) as e:
+        trainer.train(cfg_for(random_model_dir, out, "train.steps=10", "train.max_nonfinite_steps=3",
+                              "train.micro_batch_size=64", "train.save_every=1"))
+    assert "aborted at step 4: non-finite loss in 3 consecutive steps (train.max_nonfinite_steps=3)" in str(e.value)
+    assert "no weights were written; the last good checkpoint is" in str(e.value)
+    assert str(e.value).count("step-00000003") == 1  # step 4 aborted before its checkpoint
+    logged = rows(out)
+    assert [r.get("fault/nonfinite") for r in logged[1:]] == [None, "loss", "loss", "loss"]
+    assert not (out / "model").exists()
+    # the skipped updates of steps 2 and 3 left the weights exactly as after step 1
+    ckpts = checkpoint_root(out)
+    w2, w3 = (load_file(ckpts / f"step-0000000{i}" / "model.safetensors") for i in (2, 3))
+    assert all(torch.equal(w2[key], w3[key]) for key in w2)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# processes killed and signalled
+
+RUNNER = """
+import sys, time
+import grpo.checkpoint as c
+slow = c._fsync
+def _fsync(path):  # make checkpoint writes long enough to be killed in the middle of
+    time.sleep(0.03)
+    slow(path)
+c._fsync = _fsync
+from grpo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def spawn(tmp_path, model_dir, out, *extra):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    args = ["train", f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *extra]
+    return subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def writing(out, proc) -> bool:
+    return any(checkpoint_root(out).glob(f".tmp-step-*-{proc.pid}"))
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_loses_nothing(tmp_path, random_model_dir):
+    steps = ["train.steps=14", "train.save_every=1", "train.keep_last=2", "eval.every=7"]
+    ref = spawn(tmp_path, random_model_dir, tmp_path / "ref", *steps)
+    assert ref.wait(timeout=600) == 0, ref.stderr.read()
+    out = tmp_path / "killed"
+    rnd = random.Random(1234)
+    kills = mid_write = 0
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        proc = spawn(tmp_path, random_model_dir, out, *steps, "train.resume=auto")
+        if kills < 12:
+            if kills % 2:  # wait until this process starts writing a checkpoint, then kill it inside the write
+                while proc.poll() is None and not writing(out, proc):
+                    time.sleep(0.005)
+                time.sleep(rnd.uniform(0, 0.1))
+                mid_write += writing(out, proc)
+            else:
+                time.sleep(rnd.uniform(0.5, 6.0))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                kills += 1
+                continue
+        code = proc.wait(timeout=600)
+        assert code == 0, proc.stderr.read()
+        break
+    assert kills >= 10 and mid_write >= 3, (kills, mid_write)
+    assert_same_run(tmp_path / "ref", out)
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, random_model_dir):
+    out = tmp_path / "term"
+    proc = spawn(tmp_path, random_model_dir, out, "train.steps=200")
+    metrics = out / "metrics.jsonl"
+    while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    err = proc.stderr.read()
+    assert code == 143, err
+    assert "SIGTERM received: finishing this step" in err and "Traceback" not in err
+    assert "resume with: grpo train" in err and err.strip().endswith("train.resume=auto")
+    done = rows(out)[-1]["step"]
+    assert find_checkpoint("auto", out).name == f"step-{done:08d}" and done < 200
+    proc = spawn(tmp_path, random_model_dir, out, f"train.steps={done + 2}", "train.resume=auto")
+    assert proc.wait(timeout=120) == 0
+    assert [r["step"] for r in rows(out)] == list(range(done + 3))
+
+
+@pytest.mark.slow
+def test_second_signal_exits_at_once(tmp_path, random_model_dir):
+    out = tmp_path / "twice"
+    proc = spawn(tmp_path, random_model_dir, out, "train.steps=200")
+    metrics = out / "metrics.jsonl"
+    while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=60)
+    assert code == 130 and "second SIGINT: exiting now" in proc.stderr.read()
+    assert os.path.exists(metrics)
