@@ -7,7 +7,10 @@ is `COMPLETE`, which records the size and SHA-256 of every other file. A directo
 process killed mid-write, a full disk, a file damaged later) is never loaded: `find_checkpoint` skips it with
 a warning naming what was wrong and takes the newest complete one before it.
 
-Everything is loaded with safetensors or `torch.load(weights_only=True)`: no pickled code runs on resume.
+Weights and optimizer state are written as full (unsharded) state dicts through
+`torch.distributed.checkpoint.state_dict`, so a checkpoint written by an FSDP2 run loads in a single process
+and vice versa. Everything is loaded with safetensors or `torch.load(weights_only=True)`: no pickled code
+runs on resume.
 """
 from __future__ import annotations
 
@@ -21,7 +24,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 
 from grpo.errors import ConfigError
 
@@ -36,19 +42,20 @@ def checkpoint_root(run_dir: Path) -> Path:
 # ---------------------------------------------------------------------------------------------------------
 # RNG states
 
-def rng_states(sampler: torch.Generator) -> dict:
+def rng_states() -> dict:
+    """Python, NumPy, torch (and CUDA) generator states. Rollout sampling needs none: each prompt's generator
+    is seeded from the run seed and the prompt's position in the data stream (`sampling_seed`)."""
     np_state = np.random.get_state()
-    states = {"python": random.getstate(), "torch": torch.get_rng_state(), "sampler": sampler.get_state(),
+    states = {"python": random.getstate(), "torch": torch.get_rng_state(),
               "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]]}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
 
 
-def set_rng_states(states: dict, sampler: torch.Generator) -> None:
+def set_rng_states(states: dict) -> None:
     random.setstate(_tuples(states["python"]))
     torch.set_rng_state(states["torch"])
-    sampler.set_state(states["sampler"])
     name, keys, *rest = states["numpy"]
     np.random.set_state((name, keys.numpy(), *rest))
     if "cuda" in states and torch.cuda.is_available():
@@ -62,17 +69,43 @@ def _tuples(x):
 # ---------------------------------------------------------------------------------------------------------
 # writing
 
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_model_state(model) -> dict[str, torch.Tensor]:
+    """The whole, unsharded state dict on the CPU (a collective under FSDP: every process must call it), with
+    tied weights stored once."""
+    sd = get_model_state_dict(model, options=FULL)
+    tied = tied_names(model)
+    return {k: v.contiguous() for k, v in sd.items() if k not in tied}
+
+
+def tied_names(model) -> set[str]:
+    """Names of parameters that are the same object as an earlier one (tied embeddings, say)."""
+    first, tied = {}, set()
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in first:
+            tied.add(name)
+        first.setdefault(id(p), name)
+    return tied
+
+
 def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rng: dict, state: dict,
-                    config_yaml: str, keep_last: int) -> Path:
-    """Write the checkpoint of `step` atomically and keep only the newest `keep_last` complete ones."""
+                    config_yaml: str, keep_last: int, is_main: bool = True) -> Path:
+    """Write the checkpoint of `step` atomically and keep only the newest `keep_last` complete ones. Every
+    process calls it (gathering sharded state is collective); only the main process writes."""
+    weights = full_model_state(model)
+    optim = get_optimizer_state_dict(model, optimizer, options=FULL)
     root = checkpoint_root(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
+    if not is_main:
+        return final
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    save_file(weights, str(tmp / "model.safetensors"))
+    torch.save(optim, tmp / "optimizer.pt")
     torch.save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "config.yaml").write_text(config_yaml)
@@ -160,22 +193,22 @@ def find_checkpoint(spec: str, run_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, sampler: torch.Generator) -> dict:
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
     """Restore model, optimizer, LR schedule and RNG states in place; return the trainer state."""
-    missing, unexpected = load_model(model, str(ckpt / "model.safetensors"), strict=False)
-    if unexpected or [m for m in missing if m not in _tied(model)]:
+    weights = load_file(str(ckpt / "model.safetensors"))
+    expected = set(get_model_state_dict(model).keys())
+    missing = sorted(expected - set(weights) - tied_names(model))
+    unexpected = sorted(set(weights) - expected)
+    if missing or unexpected:
         raise ConfigError(f"checkpoint {ckpt} does not fit this model (missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]})")
-    optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    set_optimizer_state_dict(model, optimizer, torch.load(ckpt / "optimizer.pt", weights_only=True),
+                             options=StateDictOptions(full_state_dict=True))
     extra = torch.load(ckpt / "rng.pt", weights_only=True)
     scheduler.load_state_dict(extra["scheduler"])
-    set_rng_states(extra["rng"], sampler)
+    set_rng_states(extra["rng"])
     return json.loads((ckpt / "trainer_state.json").read_text())
-
-
-def _tied(model) -> set[str]:
-    keys = getattr(model, "_tied_weights_keys", None) or []
-    return set(keys if not isinstance(keys, dict) else keys.keys())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -77,9 +77,16 @@ def _quiet_transformers() -> None:
 
 def _train(cfg, args) -> int:
     _quiet_transformers()
+    from grpo.distributed import init_from_env, shutdown
     from grpo.trainer import train
 
-    result = train(cfg)
+    dist = init_from_env()  # one process, or the group torchrun describes
+    try:
+        result = train(cfg, dist=dist)
+    finally:
+        shutdown(dist)
+    if not dist.is_main:
+        return 0
     if result.stopped_by:
         again = " ".join(["grpo", "train", *args.args, "train.resume=auto"])
         print(f"stopped by {result.stopped_by} after step {result.steps_done}; checkpoint {result.checkpoint}\n"
@@ -116,17 +123,16 @@ def _eval(cfg, args) -> int:
 
 
 def _sample(cfg, args) -> int:
-    import torch
-
-    from grpo.rollout import Sampling
+    from grpo.rollout import SAMPLE, Sampling, sampling_seed
 
     if args.n < 1:
         raise GRPOError(f"-n must be at least 1, got {args.n}")
     generator, task = _load(cfg)
     prompts = args.prompt or [e.prompt for e in task.eval[:4]]
     r = cfg.rollout
+    seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(prompts))]
     rollout = generator.generate(prompts, Sampling(args.n, r.max_new_tokens, r.temperature, r.top_p, r.top_k),
-                                 torch.Generator().manual_seed(cfg.train.seed))
+                                 seeds)
     for i, prompt in enumerate(prompts):
         print(prompt)
         for text in rollout.texts[i * args.n:(i + 1) * args.n]:

@@ -98,6 +98,9 @@ class TrainConfig:
     seed: int = opt(0, "Seed of the data order, the sampling and the initialisation: same seed, same run.")
     output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.")
     threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0)
+    sharding: Literal["ddp", "fsdp"] = opt("ddp", "With several processes: replicate the model and all-reduce "
+                                                  "gradients (ddp), or shard parameters, gradients and optimizer "
+                                                  "state with FSDP2 (fsdp, also allowed with one process).")
     save_every: int = opt(0, "Write a checkpoint every this many steps (and at the end); 0 writes none, "
                              "except when a SIGINT/SIGTERM stops the run.", ge=0)
     keep_last: int = opt(2, "Complete checkpoints to keep; older ones are deleted.", ge=1)

@@ -26,6 +26,11 @@ class PromptStream:
         random.Random(f"{self.seed}:{epoch}").shuffle(order)
         return order
 
+    @property
+    def drawn(self) -> int:
+        """How many examples were drawn before the next one (the next one's index in the stream)."""
+        return self.epoch * len(self.examples) + self.position
+
     def restore(self, epoch: int, position: int) -> None:
         self.epoch, self.position = epoch, position
         self._order = self._shuffled(epoch)

@@ -1,13 +1,15 @@
 """Held-out evaluation: greedy accuracy and pass@k with sampling, scored by a reward function (1 = correct)."""
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 
+from grpo.distributed import Dist
 from grpo.rewards import RewardFn
-from grpo.rollout import Generator, Sampling
+from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
 
 
@@ -29,14 +31,23 @@ def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat
 
 
 def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *, max_new_tokens: int,
-             pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0) -> dict[str, float]:
+             pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+             dist: Dist | None = None) -> dict[str, float]:
     """`eval/accuracy` (greedy), `eval/pass@k` (k samples, at least one correct), per family when the
-    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`."""
-    prompts = [e.prompt for e in examples]
+    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`.
+
+    With several processes each evaluates an equal share and the results are gathered: every process returns
+    the same figures, equal to a single process's (a prompt's samples depend on its seed only)."""
+    dist = dist or Dist()
+    n = len(examples)
+    per = math.ceil(n / dist.world_size)
+    index = [min(i, n - 1) for i in range(dist.rank * per, (dist.rank + 1) * per)]  # padded to equal shares
+    mine = [examples[i] for i in index]
+    prompts = [e.prompt for e in mine]
     greedy = generator.generate(prompts, Sampling(1, max_new_tokens, temperature=0.0))
-    ok = _correct(correct_fn, examples, greedy.texts, 1)[:, 0]
-    metrics = {"eval/accuracy": ok.float().mean().item(),
-               "eval/mean_length": greedy.lengths.float().mean().item()}
+    ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1)[:, 0].float())[:n].bool()
+    lengths = dist.gather(greedy.lengths.float().cpu())[:n]
+    metrics = {"eval/accuracy": ok.float().mean().item(), "eval/mean_length": lengths.mean().item()}
     families = defaultdict(list)
     for e, c in zip(examples, ok.tolist()):
         if "task" in e.fields:
@@ -44,9 +55,10 @@ def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: Rewa
     if len(families) > 1:
         metrics.update({f"eval/accuracy/{k}": sum(v) / len(v) for k, v in sorted(families.items())})
     if pass_k > 0:
-        rng = torch.Generator().manual_seed(seed)
-        sampled = generator.generate(prompts, Sampling(pass_k, max_new_tokens, temperature, top_p), rng)
-        hits = _correct(correct_fn, examples, sampled.texts, pass_k)
+        seeds = [sampling_seed(seed, EVAL, i) for i in index]
+        sampled = generator.generate(prompts, Sampling(pass_k, max_new_tokens, temperature, top_p), seeds)
+        hits = _correct(correct_fn, mine, sampled.texts, pass_k).float()
+        hits = dist.gather(hits.reshape(-1)).view(-1, pass_k)[:n].bool()
         metrics[f"eval/pass@{pass_k}"] = hits.any(dim=1).float().mean().item()
         metrics["eval/sample_accuracy"] = hits.float().mean().item()
     return metrics

@@ -20,15 +20,17 @@ def _fusable(model) -> bool:
 
 
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
-                        completion_mask: torch.Tensor, *, temperature: float, chunk_size: int) -> torch.Tensor:
-    """(B, T) log-probs of `completion_ids` given the prompts, from logits / temperature (float32)."""
+                        completion_mask: torch.Tensor, *, temperature: float, chunk_size: int,
+                        fused: bool = True) -> torch.Tensor:
+    """(B, T) log-probs of `completion_ids` given the prompts, from logits / temperature (float32).
+    `fused=False` forces the full-logits path (needed when the parameters are sharded)."""
     lp = prompt_ids.shape[1]
     t = completion_ids.shape[1]
     # the last completion token predicts nothing: feed up to the one before it
     ids = torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1)
     attn = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
     position = (attn.cumsum(-1) - 1).clamp(min=0)
-    if _fusable(model):
+    if fused and _fusable(model):
         hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
         return token_logprobs_from_hidden(hidden[:, lp - 1:lp - 1 + t], model.get_output_embeddings().weight,
                                           completion_ids, temperature=temperature, chunk_size=chunk_size)

@@ -13,14 +13,19 @@ BAR_FIELDS = {"reward/mean": "reward", "eval/accuracy": "acc", "kl": "kl", "comp
 
 
 class RunLogger:
-    def __init__(self, out_dir: Path, cfg: LogConfig, total_steps: int, *, resume_step: int | None = None):
+    def __init__(self, out_dir: Path, cfg: LogConfig, total_steps: int, *, resume_step: int | None = None,
+                 enabled: bool = True):
         """`resume_step`: continue a run whose checkpoint is at that step; lines the earlier process logged
-        after it are dropped, so the files read as if the run had never stopped."""
+        after it are dropped, so the files read as if the run had never stopped. `enabled=False` (processes
+        other than the main one) writes nothing."""
         from tqdm.auto import tqdm
 
         self.out_dir = out_dir
         self.cfg = cfg
+        self.enabled = enabled
         self.history: list[dict] = []
+        if not enabled:
+            return
         if resume_step is not None:
             self.history = _truncate(out_dir / "metrics.jsonl", resume_step)
             _truncate(out_dir / "samples.jsonl", resume_step)
@@ -39,6 +44,8 @@ class RunLogger:
                         desc="grpo", unit="step")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.enabled:
+            return
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
@@ -51,17 +58,23 @@ class RunLogger:
         self.bar.set_postfix({BAR_FIELDS[k]: f"{v:.3g}" for k, v in self._last.items()}, refresh=False)
 
     def advance(self) -> None:
-        self.bar.update(1)
+        if self.enabled:
+            self.bar.update(1)
 
     def write(self, message: str) -> None:
-        self.bar.write(message)
+        if self.enabled:
+            self.bar.write(message)
 
     def samples(self, step: int, rows: list[dict]) -> None:
+        if not self.enabled:
+            return
         for r in rows:
             self._samples.write(json.dumps({"step": step, **r}) + "\n")
         self._samples.flush()
 
     def close(self) -> None:
+        if not self.enabled:
+            return
         self.bar.close()
         if self._tb is not None:
             self._tb.close()

@@ -29,17 +29,17 @@ import torch
 import yaml
 
 from grpo.algo import compute_advantages, loss_normalizer, policy_loss
-from grpo.checkpoint import find_checkpoint, incompatible_keys, load_checkpoint, rng_states, save_checkpoint
+from grpo.checkpoint import (find_checkpoint, full_model_state, incompatible_keys, load_checkpoint, rng_states,
+                             save_checkpoint)
 from grpo.config import Config, to_yaml
 from grpo.errors import ConfigError, GRPOError
 from grpo.data import PromptStream
-from grpo.distributed import Dist
+from grpo.distributed import Dist, LogprobModule, no_sync, wrap_for_training
 from grpo.evaluation import evaluate, example_fields
-from grpo.forward import completion_logprobs
 from grpo.metrics import RunLogger
 from grpo.models import frozen_copy, load_model
 from grpo.rewards import RewardFn, resolve_reward, score
-from grpo.rollout import HFGenerator, Rollout, Sampling
+from grpo.rollout import TRAIN, HFGenerator, Rollout, Sampling, sampling_seed
 from grpo.tasks import load_builtin_task
 
 
@@ -84,24 +84,30 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
 
     task = load_builtin_task(cfg.data.task, cfg.train.seed)
     policy, tokenizer = load_model(cfg.model)
-    reference = frozen_copy(policy) if cfg.algo.beta > 0 else None  # the initial policy, before any resume
-    generator = HFGenerator(policy, tokenizer)
+    # the reference is the initial policy (before any resume or sharding), frozen
+    reference = LogprobModule(frozen_copy(policy)) if cfg.algo.beta > 0 else None
+    trainable = wrap_for_training(policy, dist, cfg.train.sharding)  # plain, DDP or FSDP2
+    generator = HFGenerator(policy, tokenizer, all_finished=lambda done: not dist.any(not done))
     reward_fns = list(rewards) if rewards is not None else [resolve_reward(n) for n in cfg.rewards]
+    if cfg.reward_weights is not None and len(cfg.reward_weights) != len(reward_fns):
+        raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values for {len(reward_fns)} reward "
+                          "functions; give one weight per function")
     correct_fn = resolve_reward(cfg.eval.reward, field="eval.reward")
-    optimizer, scheduler = _optimizer(cfg, policy)
+    optimizer, scheduler = _optimizer(cfg, trainable)
     if cfg.train.prompts_per_step % dist.world_size:
         raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the "
                          f"number of processes ({dist.world_size})")
     stream = PromptStream(task.train, cfg.train.prompts_per_step, cfg.train.seed)
-    sample_rng = torch.Generator().manual_seed(cfg.train.seed + 1000 * dist.rank)
     eval_set = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
 
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
     state = {"step": 0, "nonfinite_streak": 0, "initial_eval": {}, "final_eval": {}}
     if ckpt is not None:
-        state = _restore(cfg, ckpt, policy, optimizer, scheduler, sample_rng, stream)
-    (out / "config.yaml").write_text(config_yaml)
-    logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state["step"] if ckpt else None)
+        state = _restore(cfg, ckpt, policy, optimizer, scheduler, stream)
+    if dist.is_main:
+        (out / "config.yaml").write_text(config_yaml)
+    logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state["step"] if ckpt else None,
+                       enabled=dist.is_main)
     result = TrainResult(out, logger.history, state["initial_eval"], state["final_eval"], state["step"],
                          resumed_from=ckpt)
     if ckpt is not None:
@@ -110,7 +116,7 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     def run_eval(step: int) -> dict[str, float]:
         metrics = evaluate(generator, eval_set, correct_fn, max_new_tokens=cfg.rollout.max_new_tokens,
                            pass_k=cfg.eval.pass_k, temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p,
-                           seed=cfg.train.seed)
+                           seed=cfg.train.seed, dist=dist)
         logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                      + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
         return metrics
@@ -119,8 +125,9 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
         state.update(step=step, stream={"epoch": stream.epoch, "position": stream.position},
                      initial_eval=result.initial_eval, final_eval=result.final_eval)
         result.checkpoint = save_checkpoint(out, step, model=policy, optimizer=optimizer, scheduler=scheduler,
-                                            rng=rng_states(sample_rng), state=state, config_yaml=config_yaml,
-                                            keep_last=cfg.train.keep_last)
+                                            rng=rng_states(), state=state, config_yaml=config_yaml,
+                                            keep_last=cfg.train.keep_last, is_main=dist.is_main)
+        dist.barrier()
 
     if ckpt is None:
         result.initial_eval = run_eval(0)
@@ -128,9 +135,12 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     with GracefulStop() as stop:
         for step in range(state["step"] + 1, cfg.train.steps + 1):
             start = time.perf_counter()
-            # 1-2. this rank's prompts, G completions each
+            # 1-2. this rank's prompts, G completions each; a prompt's seed is its position in the stream
+            first = stream.drawn
             examples = _shard(stream.next_batch(), dist)
-            rollout = generator.generate([e.prompt for e in examples], _sampling(cfg), sample_rng)
+            seeds = _shard([sampling_seed(cfg.train.seed, TRAIN, first + i) for i in range(cfg.train.prompts_per_step)],
+                           dist)
+            rollout = generator.generate([e.prompt for e in examples], _sampling(cfg), seeds)
             rollout_seconds = time.perf_counter() - start
             # 3-4. rewards and advantages
             batch = _score(cfg, dist, reward_fns, examples, rollout)
@@ -141,9 +151,10 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
             if reference is not None:
                 batch.ref_logp = _logprobs_no_grad(cfg, reference, rollout)
             if cfg.algo.num_iterations > 1:
-                batch.old_logp = _logprobs_no_grad(cfg, policy, rollout)
+                batch.old_logp = _logprobs_no_grad(cfg, trainable, rollout)
             # 7. μ updates (an update whose loss or gradient is not finite is skipped)
-            updates = [_update(cfg, policy, optimizer, batch, normalizer) for _ in range(cfg.algo.num_iterations)]
+            updates = [_update(cfg, dist, trainable, optimizer, batch, normalizer)
+                       for _ in range(cfg.algo.num_iterations)]
             scheduler.step()
             # 8. log, sample, evaluate
             metrics = _step_metrics(cfg, dist, batch, updates, time.perf_counter() - start, rollout_seconds,
@@ -157,21 +168,23 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
             logger.log(step, metrics)
             logger.advance()
             result.steps_done = step
-            if stop.signal or (cfg.train.save_every and (step % cfg.train.save_every == 0
-                                                         or step == cfg.train.steps)):
+            stopping = dist.any(stop.signal is not None)  # every process stops after the same step
+            if stopping or (cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps)):
                 save(step)
-            if stop.signal:
-                result.stopped_by = stop.signal
+            if stopping:
+                result.stopped_by = stop.signal or "SIGTERM"
                 break
 
     if result.stopped_by is None:
-        policy.save_pretrained(out / "model")
-        tokenizer.save_pretrained(out / "model")
+        weights = full_model_state(policy)  # gathered from the shards under FSDP (every process takes part)
+        if dist.is_main:
+            policy.save_pretrained(out / "model", state_dict=weights)
+            tokenizer.save_pretrained(out / "model")
     logger.close()
     return result
 
 
-def _restore(cfg: Config, ckpt: Path, policy, optimizer, scheduler, sample_rng, stream: PromptStream) -> dict:
+def _restore(cfg: Config, ckpt: Path, policy, optimizer, scheduler, stream: PromptStream) -> dict:
     """Load a checkpoint into the freshly built objects, after checking the config still matches."""
     saved = yaml.safe_load((ckpt / "config.yaml").read_text())
     bad = incompatible_keys(saved, cfg.to_dict())
@@ -181,7 +194,7 @@ def _restore(cfg: Config, ckpt: Path, policy, optimizer, scheduler, sample_rng, 
     if saved["train"]["steps"] != cfg.train.steps and cfg.train.lr_schedule != "constant":
         warnings.warn(f"train.steps changed from {saved['train']['steps']} to {cfg.train.steps}: the "
                       f"{cfg.train.lr_schedule} LR decay now ends at the new step count", stacklevel=3)
-    state = load_checkpoint(ckpt, model=policy, optimizer=optimizer, scheduler=scheduler, sampler=sample_rng)
+    state = load_checkpoint(ckpt, model=policy, optimizer=optimizer, scheduler=scheduler)  # into the shards too
     stream.restore(state["stream"]["epoch"], state["stream"]["position"])
     return state
 
@@ -264,49 +277,56 @@ def _micro_batches(cfg: Config, rollout: Rollout):
         yield rows, slice(first, None), slice(0, width)
 
 
-def _mb_logprobs(cfg: Config, model, rollout: Rollout, rows, pcols, ccols) -> torch.Tensor:
-    return completion_logprobs(model, rollout.prompt_ids[rows, pcols], rollout.prompt_mask[rows, pcols],
-                               rollout.completion_ids[rows, ccols], rollout.completion_mask[rows, ccols],
-                               temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size)
+def _mb_logprobs(cfg: Config, module, rollout: Rollout, rows, pcols, ccols) -> torch.Tensor:
+    """Log-probs of one micro-batch through a `LogprobModule` (possibly wrapped by DDP or sharded)."""
+    return module(rollout.prompt_ids[rows, pcols], rollout.prompt_mask[rows, pcols],
+                  rollout.completion_ids[rows, ccols], rollout.completion_mask[rows, ccols],
+                  temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size)
 
 
 @torch.no_grad()
-def _logprobs_no_grad(cfg: Config, model, rollout: Rollout) -> torch.Tensor:
+def _logprobs_no_grad(cfg: Config, module, rollout: Rollout) -> torch.Tensor:
     out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device)
     for rows, pcols, ccols in _micro_batches(cfg, rollout):
-        out[rows, ccols] = _mb_logprobs(cfg, model, rollout, rows, pcols, ccols).float()
+        out[rows, ccols] = _mb_logprobs(cfg, module, rollout, rows, pcols, ccols).float()
     return out
 
 
-def _update(cfg: Config, policy, optimizer, batch: StepBatch, normalizer: float) -> dict[str, float]:
-    """One optimiser update over the whole step batch: gradients summed over micro-batches."""
+def _update(cfg: Config, dist: Dist, trainable, optimizer, batch: StepBatch, normalizer: float) -> dict[str, float]:
+    """One optimiser update over the whole step batch: gradients summed over micro-batches and processes."""
     a = cfg.algo
     optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
     nonfinite = None
-    for rows, pcols, ccols in _micro_batches(cfg, batch.rollout):
-        logp = _mb_logprobs(cfg, policy, batch.rollout, rows, pcols, ccols)
-        old = batch.old_logp[rows, ccols] if batch.old_logp is not None else logp.detach()
-        ref = batch.ref_logp[rows, ccols] if batch.ref_logp is not None else None
-        loss, stats = policy_loss(logp, old, batch.adv[rows], batch.loss_mask[rows, ccols], ref_logp=ref,
-                                  beta=a.beta, clip_low=a.clip_low, clip_high=a.clip_high,
-                                  ratio_level=a.ratio_level, aggregation=a.aggregation, normalizer=normalizer,
-                                  max_completion_length=cfg.rollout.max_new_tokens, kl_kind=a.kl_kind)
-        if not torch.isfinite(loss) and nonfinite is None:
-            nonfinite = "loss"
-        loss.backward()
+    parts = list(_micro_batches(cfg, batch.rollout))
+    for i, (rows, pcols, ccols) in enumerate(parts):
+        with no_sync(trainable, skip=i < len(parts) - 1):  # DDP all-reduces once, after the last micro-batch
+            logp = _mb_logprobs(cfg, trainable, batch.rollout, rows, pcols, ccols)
+            old = batch.old_logp[rows, ccols] if batch.old_logp is not None else logp.detach()
+            ref = batch.ref_logp[rows, ccols] if batch.ref_logp is not None else None
+            loss, stats = policy_loss(logp, old, batch.adv[rows], batch.loss_mask[rows, ccols], ref_logp=ref,
+                                      beta=a.beta, clip_low=a.clip_low, clip_high=a.clip_high,
+                                      ratio_level=a.ratio_level, aggregation=a.aggregation, normalizer=normalizer,
+                                      max_completion_length=cfg.rollout.max_new_tokens, kl_kind=a.kl_kind)
+            if not torch.isfinite(loss) and nonfinite is None:
+                nonfinite = "loss"
+            # the normaliser already counts every process; DDP and FSDP average gradients over processes,
+            # so scale by the world size to get their sum
+            (loss * dist.world_size).backward()
         tokens = stats["tokens"].item()
         _add(totals, {"loss": loss.item(), "loss/policy": stats["loss/policy"].item(),
                       "loss/kl": stats["loss/kl"].item(), "tokens": tokens})
         _add(totals, {k: stats[k].item() * tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac",
                                                             "clip/high_frac")})
-    params = [p for p in policy.parameters() if p.requires_grad]
+    params = [p for p in trainable.parameters() if p.requires_grad]
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else math.inf
-    totals["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, max_norm).item()
+    totals["grad_norm"] = _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).item()
     if nonfinite is None and not math.isfinite(totals["grad_norm"]):
-        name = next((n for n, p in policy.named_parameters() if p.grad is not None
-                     and not torch.isfinite(p.grad).all()), "?")
+        name = next((n for n, p in trainable.named_parameters() if p.grad is not None
+                     and not torch.isfinite(_full(p.grad)).all()), "?")
         nonfinite = f"gradient ({name})"
+    if dist.any(nonfinite is not None) and nonfinite is None:  # every process skips the same updates
+        nonfinite = "loss on another process"
     totals["nonfinite"] = nonfinite
     if nonfinite is None:
         optimizer.step()
@@ -343,6 +363,11 @@ def _step_metrics(cfg: Config, dist: Dist, batch: StepBatch, updates: list[dict]
     m["perf/completion_tokens"] = lengths.sum().item()
     m["perf/tokens_per_s"] = lengths.sum().item() / max(seconds, 1e-9)
     return m
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2) as the whole tensor; any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def _sample_rows(cfg: Config, tokenizer, examples, batch: StepBatch) -> list[dict]:

@@ -8,7 +8,7 @@ Built-ins are named in `REWARDS`; any importable `module:function` works too.
 from __future__ import annotations
 
 import importlib
-import math
+import math as _math  # grpo.rewards.math (a submodule) would shadow a plain "math"
 import re
 from collections.abc import Callable, Sequence
 
@@ -41,7 +41,7 @@ def exact_match(prompts: Sequence[str], completions: Sequence[str], answer: Sequ
 
 def _same_number(a: str, b: str) -> bool:
     try:
-        return math.isclose(float(a), float(b.strip().replace(",", "")), rel_tol=0, abs_tol=1e-9)
+        return _math.isclose(float(a), float(b.strip().replace(",", "")), rel_tol=0, abs_tol=1e-9)
     except ValueError:
         return a == b.strip()
 

@@ -1,5 +1,6 @@
 """Rollout backends: sample G completions per prompt."""
-from grpo.rollout.base import Generator, Rollout, Sampling
+from grpo.rollout.base import EVAL, SAMPLE, TRAIN, Generator, Rollout, Sampling, sampling_seed
 from grpo.rollout.hf import HFGenerator, sample_next
 
-__all__ = ["Generator", "HFGenerator", "Rollout", "Sampling", "sample_next"]
+__all__ = ["EVAL", "SAMPLE", "TRAIN", "Generator", "HFGenerator", "Rollout", "Sampling", "sample_next",
+           "sampling_seed"]

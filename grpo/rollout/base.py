@@ -1,6 +1,7 @@
 """What a rollout backend returns, and the sampling parameters it takes (SPEC 9, steps 1–2)."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,5 +36,15 @@ class Rollout:
         return self.completion_mask.sum(1)
 
 
+TRAIN, EVAL, SAMPLE = 0, 1, 2  # seed streams, so training, evaluation and `grpo sample` never share draws
+
+
+def sampling_seed(run_seed: int, stream: int, index: int) -> int:
+    """The sampling seed of the `index`-th prompt of a stream: a function of the run's seed and the prompt's
+    position alone, so completions do not depend on batching, world size or resumption."""
+    return hash((run_seed, stream, index)) & (2**63 - 1)
+
+
 class Generator(Protocol):
-    def generate(self, prompts: list[str], sampling: Sampling, rng: torch.Generator | None = None) -> Rollout: ...
+    def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
+        """n completions per prompt, prompt by prompt; prompt i samples from a generator seeded by seeds[i]."""

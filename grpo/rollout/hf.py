@@ -1,19 +1,26 @@
 """Rollouts with any `transformers` causal LM: batched sampling with a KV cache.
 
 The prompts of a batch are encoded and prefilled once; the cache is then repeated for the n completions of
-each prompt. Sampling draws from a caller-owned `torch.Generator`, so a run is reproducible and its
-sampling state can be saved. Masks come from positions: a completion is loss-bearing up to and including
-its first EOS, whatever the pad and EOS ids are (SPEC 11, item 4).
+each prompt. Every prompt draws its randomness from its own generator, seeded by the caller (Gumbel-max
+sampling), so a prompt's completions depend on its seed and the model only: not on which other prompts share
+the batch, how the batch is split, or how many processes there are. Masks come from positions: a completion
+is loss-bearing up to and including its first EOS, whatever the pad and EOS ids are (SPEC 11, item 4).
 """
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import torch
 
 from grpo.rollout.base import Rollout, Sampling
 
 
-def sample_next(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator | None) -> torch.Tensor:
-    """Next tokens (N,) from logits (N, V): greedy at temperature 0, else top-k / top-p / temperature."""
+def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor | None) -> torch.Tensor:
+    """Next tokens (N,) from logits (N, V): greedy at temperature 0, else top-k / top-p / temperature.
+
+    `uniform` (N, V) holds U(0, 1) noise; argmax(filtered logits / T + Gumbel(noise)) is an exact draw from
+    softmax(filtered logits / T) (the Gumbel-max trick).
+    """
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / sampling.temperature
@@ -25,17 +32,22 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, rng: torch.Generator |
         probs = torch.softmax(sorted_logits, dim=-1)
         drop = probs.cumsum(dim=-1) - probs > sampling.top_p  # keep the smallest prefix reaching top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return torch.multinomial(probs, 1, generator=rng).squeeze(-1)
+    tiny = torch.finfo(uniform.dtype).tiny
+    gumbel = -torch.log(-torch.log(uniform.clamp(min=tiny, max=1 - 1e-7)))
+    return (logits + gumbel.to(logits.dtype)).argmax(dim=-1)
 
 
 class HFGenerator:
     """Sampling from a `transformers` causal LM on the device of its weights."""
 
-    def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256):
+    def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256,
+                 all_finished: Callable[[bool], bool] | None = None):
+        """`all_finished(done)`: with several processes whose forward passes are collective (FSDP), True only
+        when every process's batch is done, so all of them run the same number of decoding steps."""
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_prompts = max_batch_prompts
+        self.all_finished = all_finished or (lambda done: done)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         if tokenizer.eos_token_id is not None:
@@ -45,13 +57,19 @@ class HFGenerator:
         self.eos_ids = torch.tensor(sorted(set(eos)))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0].item()
 
-    def generate(self, prompts: list[str], sampling: Sampling, rng: torch.Generator | None = None) -> Rollout:
-        parts = [self._generate(prompts[i:i + self.max_batch_prompts], sampling, rng)
-                 for i in range(0, len(prompts), self.max_batch_prompts)]
+    def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
+        """n completions per prompt; `seeds` gives each prompt's sampling seed (None: drawn from torch's
+        global generator)."""
+        if seeds is None:
+            seeds = torch.randint(0, 2**62, (len(prompts),)).tolist()
+        if len(seeds) != len(prompts):
+            raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
+        b = self.max_batch_prompts
+        parts = [self._generate(prompts[i:i + b], sampling, seeds[i:i + b]) for i in range(0, len(prompts), b)]
         return parts[0] if len(parts) == 1 else _concat(parts, self.pad_id)
 
     @torch.no_grad()
-    def _generate(self, prompts: list[str], sampling: Sampling, rng: torch.Generator | None) -> Rollout:
+    def _generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
         device = self.model.device
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
         prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
@@ -65,19 +83,26 @@ class HFGenerator:
         attn = prompt_mask.repeat_interleave(n, dim=0)
         next_pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, dim=0)
         eos_ids = self.eos_ids.to(device)
+        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        vocab = logits.shape[-1]
+
+        def noise() -> torch.Tensor | None:  # (N, V): each prompt's n rows from that prompt's generator
+            if sampling.temperature == 0:
+                return None
+            return torch.cat([torch.rand((n, vocab), generator=g) for g in gens]).to(device)
 
         total = logits.shape[0]
         finished = torch.zeros(total, dtype=torch.bool, device=device)
         lengths = torch.full((total,), sampling.max_new_tokens, dtype=torch.long, device=device)
         tokens = []
         for t in range(sampling.max_new_tokens):
-            nxt = sample_next(logits, sampling, rng)
+            nxt = sample_next(logits, sampling, noise())
             nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
             stop = ~finished & torch.isin(nxt, eos_ids)
             lengths[stop] = t + 1
             finished |= stop
-            if finished.all() or t + 1 == sampling.max_new_tokens:
+            if self.all_finished(bool(finished.all())) or t + 1 == sampling.max_new_tokens:
                 break
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             out = self.model(input_ids=nxt.unsqueeze(1), attention_mask=attn, position_ids=next_pos,

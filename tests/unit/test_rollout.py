@@ -57,7 +57,7 @@ def scripted(tok, pad_is_eos=False):
 @pytest.mark.parametrize("pad_is_eos", [False, True])
 def test_masks_come_from_positions(tok, pad_is_eos):
     gen = scripted(tok, pad_is_eos)
-    r = gen.generate(["a", "bb", "c"], Sampling(n=2, max_new_tokens=6), torch.Generator().manual_seed(0))
+    r = gen.generate(["a", "bb", "c"], Sampling(n=2, max_new_tokens=6), seeds=[0, 1, 2])
     assert r.completion_ids.shape == (6, 6)
     expect_mask = [[1, 1, 1, 1, 0, 0]] * 2 + [[1, 0, 0, 0, 0, 0]] * 2 + [[1] * 6] * 2
     assert r.completion_mask.tolist() == expect_mask
@@ -108,16 +108,22 @@ def test_seeded_sampling_is_reproducible_and_grouped(model_and_tok):
     model, tok = model_and_tok
     gen = HFGenerator(model, tok)
     s = Sampling(n=4, max_new_tokens=6, temperature=1.0)
-    a = gen.generate(PROMPTS, s, torch.Generator().manual_seed(1))
-    b = gen.generate(PROMPTS, s, torch.Generator().manual_seed(1))
-    c = gen.generate(PROMPTS, s, torch.Generator().manual_seed(2))
+    a = gen.generate(PROMPTS, s, [1, 2, 3])
+    b = gen.generate(PROMPTS, s, [1, 2, 3])
+    c = gen.generate(PROMPTS, s, [4, 5, 6])
     assert torch.equal(a.completion_ids, b.completion_ids) and a.texts == b.texts
     assert not torch.equal(a.completion_ids, c.completion_ids)
     assert len(a) == 12 and a.completion_ids.shape[1] <= 6
     g = gen.generate(PROMPTS, Sampling(n=3, max_new_tokens=6, temperature=0.0))
     assert g.texts[0] == g.texts[1] == g.texts[2] and g.texts[3] == g.texts[5]
-    assert torch.equal(gen.generate(PROMPTS, Sampling(n=1, max_new_tokens=6, top_k=1),
-                                    torch.Generator().manual_seed(3)).completion_ids, g.completion_ids[::3])
+    assert torch.equal(gen.generate(PROMPTS, Sampling(n=1, max_new_tokens=6, top_k=1), [7, 8, 9]).completion_ids,
+                       g.completion_ids[::3])
+    # a prompt's completions depend on its seed only, not on the other prompts of the batch
+    alone = gen.generate(PROMPTS[1:2], s, [2])
+    width = alone.completion_ids.shape[1]
+    assert alone.texts == a.texts[4:8] and torch.equal(alone.completion_ids, a.completion_ids[4:8, :width])
+    gen.max_batch_prompts = 1
+    assert gen.generate(PROMPTS, s, [1, 2, 3]).texts == a.texts
 
 
 def test_sample_next_top_p_and_top_k():
@@ -126,7 +132,7 @@ def test_sample_next_top_p_and_top_k():
     rng = torch.Generator().manual_seed(0)
 
     def drawn(sampling):
-        d = sample_next(logits, sampling, rng).view(400, 2)
+        d = sample_next(logits, sampling, torch.rand(logits.shape, generator=rng)).view(400, 2)
         return set(d[:, 0].tolist()), set(d[:, 1].tolist())
 
     # nucleus = the smallest set of most likely tokens whose probability reaches top_p
@@ -135,3 +141,14 @@ def test_sample_next_top_p_and_top_k():
     assert drawn(Sampling(1, 1, top_k=2)) == ({0, 1}, {1, 2})
     assert drawn(Sampling(1, 1)) == ({0, 1, 2}, {0, 1, 2})
     assert sample_next(two, Sampling(1, 1, temperature=0.0), None).tolist() == [0, 1]
+
+
+def test_gumbel_max_draws_follow_softmax_of_logits_over_temperature():
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = torch.log(probs).repeat(40000, 1)
+    rng = torch.Generator().manual_seed(0)
+    for temperature in (1.0, 0.5):
+        d = sample_next(logits, Sampling(1, 1, temperature=temperature), torch.rand(logits.shape, generator=rng))
+        expect = torch.softmax(torch.log(probs) / temperature, -1)
+        freq = torch.bincount(d, minlength=3).float() / len(d)
+        assert torch.allclose(freq, expect, atol=0.01), (temperature, freq, expect)

@@ -1,0 +1,292 @@
+"""A task read with Hugging Face `datasets`: local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, a
+directory of them, or a dataset on the Hub.
+
+Each row becomes an `Example`: the prompt column is the prompt (text), the answer column the reference
+answer (converted to text; a float with an integer value, as CSV files give, is written as an integer), and
+every other column goes into `Example.fields`, so it reaches reward functions as a keyword argument.
+
+Held-out examples come from, in order of precedence (give at most one):
+
+- ``eval_path``: a local file or directory (all its data files);
+- ``eval_split``: another split of the same Hub dataset, or, for a local directory, the files named after
+  that split (``test.jsonl``, ``test-00000-of-00001.parquet``, ``test/…``);
+- ``eval_fraction``: that fraction of the training rows, chosen by a stable hash of the prompt text
+  (`grpo.tasks.base.in_held_out`): the same prompt always lands on the same side, whatever the seed or the
+  row order, and duplicated prompts never straddle the split.
+
+Otherwise the held-out list is empty. `seed` shuffles the training list (as the built-in tasks do); the
+held-out list keeps the file order.
+
+Local directories: with ``split="train"`` (the default) and no file named after any split, every data file
+in the directory (recursively) is read; otherwise only the files named after the requested split are.
+
+Every problem with the data is a one-line `DataError` naming the file (or Hub dataset) and, for rows, the
+1-based row number.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo.errors import ConfigError, DataError
+from grpo.tasks.base import Example, in_held_out
+
+BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+"""File extension → `datasets` builder."""
+
+# Extensions that mark a path as meant to be a local file even when it does not exist (not a Hub name).
+_FILE_LIKE = set(BUILDERS) | {".txt", ".tsv", ".arrow", ".gz", ".zip", ".xz", ".bz2", ".zst", ".xlsx",
+                              ".yaml", ".yml", ".jsonl.gz"}
+_SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval", "heldout", "held_out")
+# Keyword names the reward call itself uses: a column of that name would clash with them.
+RESERVED_COLUMNS = ("prompts", "completions")
+
+
+@dataclass
+class DatasetTask:
+    """A task loaded from data files or the Hub: training and held-out examples."""
+
+    name: str
+    train: list[Example]
+    eval: list[Example]
+
+
+def load_dataset_task(path: str, *, prompt_column: str = "question", answer_column: str = "answer",
+                      split: str = "train", config_name: str | None = None, eval_path: str | None = None,
+                      eval_split: str | None = None, eval_fraction: float = 0.0, seed: int = 0,
+                      name: str | None = None) -> DatasetTask:
+    """Load a prompt/answer task from local files or a Hub dataset (see the module docstring).
+
+    Example: ``load_dataset_task("data/gsm8k/train.jsonl", eval_fraction=0.05)`` reads GSM8K rows
+    ``{"question": ..., "answer": "...\\n#### 72"}`` into prompts ``question`` and answers ``answer``.
+    """
+    _check_arguments(path, prompt_column, answer_column, eval_path, eval_split, eval_fraction)
+    columns = (prompt_column, answer_column)
+    local = _is_local(path)
+    train = _load(path, split, config_name, columns, local=local)
+    if eval_path is not None:
+        if not _is_local(eval_path):
+            raise DataError(f"eval data file {eval_path} does not exist")
+        held = _load(eval_path, None, None, columns, local=True)
+    elif eval_split is not None:
+        held = _load(path, eval_split, config_name, columns, local=local)
+    elif eval_fraction > 0:
+        held = [e for e in train if in_held_out(e.prompt, eval_fraction)]
+        train = [e for e in train if not in_held_out(e.prompt, eval_fraction)]
+        if not train:
+            raise DataError(f"{path}: every example fell in the held-out fraction {eval_fraction}; "
+                            "lower eval_fraction")
+        if not held:
+            raise DataError(f"{path}: no example fell in the held-out fraction {eval_fraction} "
+                            f"({len(train)} rows); raise eval_fraction or give eval_path")
+    else:
+        held = []
+    random.Random(seed).shuffle(train)
+    return DatasetTask(name or _default_name(path, local), train, held)
+
+
+def _check_arguments(path, prompt_column, answer_column, eval_path, eval_split, eval_fraction) -> None:
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"data path must be a file, directory or Hub dataset name, got {path!r}")
+    for what, col in (("prompt", prompt_column), ("answer", answer_column)):
+        if not isinstance(col, str) or not col:
+            raise ConfigError(f"{what} column must be a column name, got {col!r}")
+    if prompt_column == answer_column:
+        raise ConfigError(f"prompt and answer columns must differ, both are {prompt_column!r}")
+    if isinstance(eval_fraction, bool) or not isinstance(eval_fraction, (int, float)) \
+            or not 0 <= eval_fraction < 1:
+        raise ConfigError(f"eval_fraction must be a number in [0, 1), got {eval_fraction!r}")
+    given = [k for k, v in (("eval_path", eval_path), ("eval_split", eval_split),
+                            ("eval_fraction", eval_fraction or None)) if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give at most one of eval_path, eval_split and eval_fraction, got {', '.join(given)}")
+
+
+def _suffix(path: Path) -> str:
+    return path.suffix.lower()
+
+
+def _is_local(path: str) -> bool:
+    """Whether `path` names a local file or directory (existing or clearly meant as one) rather than a Hub
+    dataset such as ``openai/gsm8k``."""
+    p = Path(path).expanduser()
+    if p.exists():
+        return True
+    lowered = path.lower()
+    return (path.startswith(("/", ".", "~", "\\")) or any(lowered.endswith(ext) for ext in _FILE_LIKE))
+
+
+def _default_name(path: str, local: bool) -> str:
+    if not local:
+        return path
+    p = Path(path).expanduser()
+    stem = p.stem if p.is_file() or _suffix(p) in BUILDERS else p.name
+    if _split_of_name(stem) is not None and p.resolve().parent.name:  # "gsm8k/train.jsonl" → "gsm8k"
+        return p.resolve().parent.name
+    return stem or path
+
+
+# --------------------------------------------------------------------------------------------------------
+# reading
+
+def _load(path: str, split: str | None, config_name: str | None, columns: tuple[str, str], *,
+          local: bool) -> list[Example]:
+    if not local:
+        return _to_examples(_read_hub(path, config_name, split or "train"),
+                            f"Hub dataset {path!r} split {split!r}", columns)
+    out: list[Example] = []
+    for file in _local_files(Path(path).expanduser(), split, config_name):
+        out.extend(_to_examples(_read_file(file), str(file), columns))
+    return out
+
+
+def _names_split(name: str, split: str) -> bool:
+    """Whether a file or folder name stands for `split`: ``test``, ``test.jsonl``, ``test-00000-of-00002``,
+    ``test_gsm8k.csv``."""
+    stem, split = name.lower().split(".", 1)[0], split.lower()
+    return stem == split or stem.startswith((split + "-", split + "_"))
+
+
+def _split_of_name(name: str) -> str | None:
+    """The common split (train, test, validation, …) a file or folder name stands for, if any."""
+    for s in sorted(_SPLIT_NAMES, key=len, reverse=True):
+        if _names_split(name, s):
+            return s
+    return None
+
+
+def _local_files(path: Path, split: str | None, config_name: str | None) -> list[Path]:
+    """The data files to read at `path`, for `split` (None: every file)."""
+    if not path.exists():
+        kind = "file" if _suffix(path) in _FILE_LIKE else "file or directory"
+        raise DataError(f"data {kind} {path} does not exist")
+    if config_name is not None:
+        raise ConfigError(f"config_name {config_name!r} applies to Hub datasets only, not to the local "
+                          f"path {path}")
+    if path.is_file():
+        if _suffix(path) not in BUILDERS:
+            raise DataError(f"{path}: unsupported file type {path.suffix or '(no extension)'!r}; "
+                            f"use {', '.join(BUILDERS)}")
+        if split not in (None, "train"):
+            raise DataError(f"{path}: split {split!r} needs a Hub dataset or a directory with files named "
+                            f"after the split (e.g. {split}.jsonl)")
+        return [path]
+    files = sorted(f for f in path.rglob("*") if f.is_file() and _suffix(f) in BUILDERS
+                   and not any(part.startswith(".") for part in f.relative_to(path).parts))
+    if not files:
+        raise DataError(f"{path}: no {', '.join(BUILDERS)} files in this directory")
+    if split is None:
+        return files
+
+    def names(f: Path, test) -> list:
+        return [test(part) for part in (f.name, *f.relative_to(path).parts[:-1])]
+
+    chosen = [f for f in files if any(names(f, lambda part: _names_split(part, split)))]
+    if chosen:
+        return chosen
+    known = {s for f in files for s in names(f, _split_of_name) if s}
+    if split == "train" and not known:
+        return files
+    found = sorted(known)
+    raise DataError(f"{path}: no data files for split {split!r} (name them {split}.jsonl, {split}-*.parquet or "
+                    f"put them in {split}/); splits found: {', '.join(found) if found else 'none'}")
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """No progress bars or error logs from `datasets` while reading local files: we raise our own."""
+    import datasets
+    from datasets.utils import logging as ds_logging
+
+    bars, level = datasets.is_progress_bar_enabled(), ds_logging.get_verbosity()
+    datasets.disable_progress_bars()
+    ds_logging.set_verbosity(ds_logging.CRITICAL)
+    try:
+        yield
+    finally:
+        ds_logging.set_verbosity(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
+def _reason(e: BaseException) -> str:
+    """The innermost cause of an exception, on one line."""
+    while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _read_file(file: Path):
+    import datasets
+
+    try:
+        if file.stat().st_size == 0:
+            raise DataError(f"{file} is empty")
+    except OSError as e:
+        raise DataError(f"cannot read {file}: {_reason(e)}") from None
+    try:
+        with _quiet_datasets():
+            return datasets.load_dataset(BUILDERS[_suffix(file)], data_files=[str(file)], split="train")
+    except Exception as e:  # noqa: BLE001 - any reader failure is the file's fault here
+        reason = _reason(e)
+        if any(m in reason for m in ("corresponds to no data", "No columns to parse")) \
+                or reason == "StopIteration":  # only a header, [], {} or blank lines
+            raise DataError(f"{file} has no rows") from None
+        raise DataError(f"cannot read {file}: {reason}") from None
+
+
+def _read_hub(name: str, config_name: str | None, split: str):
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, config_name, split=split)
+    except Exception as e:  # noqa: BLE001
+        what = f"{name!r}" + (f" config {config_name!r}" if config_name else "") + f" split {split!r}"
+        raise DataError(f"cannot load {what}: it is not a local file or directory, and loading it from the "
+                        f"Hub failed with {_reason(e)}") from None
+
+
+# --------------------------------------------------------------------------------------------------------
+# rows → examples
+
+def _answer_text(value: Any) -> str | None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return str(int(value))
+    text = str(value)
+    return text if text.strip() else None
+
+
+def _to_examples(ds, source: str, columns: tuple[str, str]) -> list[Example]:
+    prompt_column, answer_column = columns
+    present = list(ds.column_names)
+    for what, col in (("prompt", prompt_column), ("answer", answer_column)):
+        if col not in present:
+            raise DataError(f"{source}: no {what} column {col!r}; its columns are "
+                            f"{', '.join(repr(c) for c in present) or '(none)'}")
+    clash = [c for c in present if c in RESERVED_COLUMNS]
+    if clash:
+        raise DataError(f"{source}: column {clash[0]!r} clashes with the reward function argument of that name; "
+                        "rename or drop it")
+    if len(ds) == 0:
+        raise DataError(f"{source} has no rows")
+    out = []
+    for i, row in enumerate(ds.to_list(), start=1):
+        prompt = row.pop(prompt_column)
+        if not isinstance(prompt, str):
+            what = "empty" if prompt is None else f"of type {type(prompt).__name__}, not text"
+            raise DataError(f"{source} row {i}: prompt column {prompt_column!r} is {what}")
+        if not prompt.strip():
+            raise DataError(f"{source} row {i}: prompt column {prompt_column!r} is empty")
+        answer = _answer_text(row.pop(answer_column))
+        if answer is None:
+            raise DataError(f"{source} row {i}: answer column {answer_column!r} is empty")
+        out.append(Example(prompt, answer, row))
+    return out

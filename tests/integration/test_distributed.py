@@ -1,0 +1,73 @@
+"""Data-parallel training with torchrun (gloo on CPU): one step on 2 processes equals one step on 1."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+FAST = ["rollout.group_size=4", "train.prompts_per_step=4", "rollout.max_new_tokens=5", "eval.size=8",
+        "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false", "train.lr=1e-3",
+        "log.samples_every=1", "train.micro_batch_size=3"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def grpo_train(out, model_dir, *extra, nproc=1):
+    args = ["-m", "grpo", "train", f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *extra]
+    if nproc > 1:
+        args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    else:
+        args.append("train.threads=1")
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r
+
+
+def metrics(out):
+    return [{k: v for k, v in json.loads(line).items() if not k.startswith("perf/")}
+            for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def assert_same(a, b, atol=1e-6):
+    wa, wb = load_file(Path(a) / "model" / "model.safetensors"), load_file(Path(b) / "model" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=atol, rtol=0), (k, (wa[k] - wb[k]).abs().max())
+    ma, mb = metrics(a), metrics(b)
+    assert [r["step"] for r in ma] == [r["step"] for r in mb]
+    for ra, rb in zip(ma, mb):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            if isinstance(ra[k], float):
+                assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), k
+            else:
+                assert ra[k] == rb[k], k
+
+
+@pytest.mark.parametrize("extra", [
+    ["algo.preset=grpo", "algo.num_iterations=2"],                     # beta > 0, mu > 1, seq_mean
+    ["algo.preset=dapo", "algo.scale=batch"],                           # step-wide token mean, batch std
+])
+def test_two_processes_equal_one(tmp_path, random_model_dir, extra):
+    grpo_train(tmp_path / "one", random_model_dir, "train.steps=1", *extra)
+    grpo_train(tmp_path / "two", random_model_dir, "train.steps=1", *extra, nproc=2)
+    assert_same(tmp_path / "one", tmp_path / "two")
+    samples = (tmp_path / "two" / "samples.jsonl").read_text().splitlines()
+    assert len(samples) == 2 * 4  # rank 0 writes its own groups only, once
+
+
+def test_fsdp2_equals_one_process_and_its_checkpoint_loads_in_one(tmp_path, random_model_dir):
+    grpo_train(tmp_path / "one", random_model_dir, "train.steps=2", "eval.every=1")
+    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "train.sharding=fsdp", "train.save_every=1",
+               "eval.every=1", nproc=2)
+    ckpt = tmp_path / "fsdp" / "checkpoints" / "step-00000001"
+    assert (ckpt / "COMPLETE").exists()
+    # the sharded run's final weights equal one process's after the same step
+    grpo_train(tmp_path / "one_step", random_model_dir, "train.steps=1", "eval.every=1")
+    assert_same(tmp_path / "one_step", tmp_path / "fsdp", atol=1e-5)
+    # ... and its checkpoint resumes in a single process, ending where the single-process run ends
+    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=2", "train.resume=auto", "eval.every=1")
+    assert_same(tmp_path / "one", tmp_path / "fsdp", atol=1e-5)
