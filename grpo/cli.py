@@ -92,33 +92,43 @@ def _train(cfg, args) -> int:
         print(f"stopped by {result.stopped_by} after step {result.steps_done}; checkpoint {result.checkpoint}\n"
               f"resume with: {again}", file=sys.stderr)
         return 128 + {"SIGINT": 2, "SIGTERM": 15}[result.stopped_by]
-    before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
-    print(f"held-out accuracy {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points); "
-          f"outputs in {result.output_dir}")
+    if "eval/accuracy" in result.final_eval:
+        before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
+        print(f"held-out accuracy {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points); "
+              f"outputs in {result.output_dir}")
+    else:
+        print(f"done; outputs in {result.output_dir}")
     return 0
 
 
 def _load(cfg):
+    """Model (a saved full model or LoRA adapter directory both load), generator, task, prompt renderer."""
     _quiet_transformers()
-    from grpo.models import load_model
+    from grpo.models import load_model, prompt_formatter
     from grpo.rollout import HFGenerator
-    from grpo.tasks import load_builtin_task
+    from grpo.tasks import load_task
 
     model, tokenizer = load_model(cfg.model)
-    return HFGenerator(model, tokenizer), load_builtin_task(cfg.data.task, cfg.train.seed)
+    generator = HFGenerator(model, tokenizer, add_special_tokens=not cfg.model.chat_template,
+                            autocast_bf16=cfg.model.autocast_bf16)
+    return generator, load_task(cfg.data, cfg.train.seed), prompt_formatter(tokenizer, cfg.model)
 
 
 def _eval(cfg, args) -> int:
     from grpo.evaluation import evaluate
     from grpo.rewards import resolve_reward
 
-    generator, task = _load(cfg)
+    generator, task, render = _load(cfg)
     examples = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
+    if not examples:
+        raise GRPOError("no held-out examples to evaluate on: set data.eval_path, data.eval_split or "
+                        "data.eval_fraction")
     metrics = evaluate(generator, examples, resolve_reward(cfg.eval.reward, field="eval.reward"),
                        max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                       temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
-    print(json.dumps({"model": cfg.model.path, "task": cfg.data.task, "examples": len(examples), **metrics},
-                     indent=2))
+                       temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
+                       render=render)
+    print(json.dumps({"model": cfg.model.path, "task": getattr(task, "name", cfg.data.task),
+                      "examples": len(examples), **metrics}, indent=2))
     return 0
 
 
@@ -127,12 +137,12 @@ def _sample(cfg, args) -> int:
 
     if args.n < 1:
         raise GRPOError(f"-n must be at least 1, got {args.n}")
-    generator, task = _load(cfg)
-    prompts = args.prompt or [e.prompt for e in task.eval[:4]]
+    generator, task, render = _load(cfg)
+    prompts = args.prompt or [e.prompt for e in (task.eval or task.train)[:4]]
     r = cfg.rollout
     seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(prompts))]
-    rollout = generator.generate(prompts, Sampling(args.n, r.max_new_tokens, r.temperature, r.top_p, r.top_k),
-                                 seeds)
+    rollout = generator.generate([render(p) for p in prompts],
+                                 Sampling(args.n, r.max_new_tokens, r.temperature, r.top_p, r.top_k), seeds)
     for i, prompt in enumerate(prompts):
         print(prompt)
         for text in rollout.texts[i * args.n:(i + 1) * args.n]:

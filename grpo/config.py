@@ -36,15 +36,47 @@ class ModelConfig:
                             "tasks), a directory written by save_pretrained, or a Hugging Face Hub id.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the weights and of the forward passes.")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "Where the model runs; auto picks cuda when available.")
+    autocast_bf16: bool = opt(False, "Run forward passes under bfloat16 autocast (weights stay in model.dtype); "
+                                     "on CPUs with AVX-512 BF16 or AMX this is faster.")
+    gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
+    attn_implementation: str = opt("", "Attention kernel passed to transformers ('eager', 'sdpa', "
+                                       "'flash_attention_2', ...); empty keeps the model's default.")
+    trust_remote_code: bool = opt(False, "Allow model code from the model repository (off: only transformers' "
+                                         "own classes run).")
+    chat_template: bool = opt(False, "Wrap each prompt as a user message with the tokenizer's chat template "
+                                     "(and the system prompt, if any); off sends the prompt text as is.")
+    system_prompt: str = opt("", "System message placed before each prompt when chat_template is on.")
     logprob_chunk_size: int = opt(1024, "Positions per chunk when log-probs are computed from hidden states "
                                         "(the full logits tensor is never built).", ge=1)
+
+
+@dataclass
+class LoraConfig:
+    rank: int = opt(0, "LoRA rank r; 0 trains all weights. With LoRA the reference log-probs come from the same "
+                       "model with the adapter disabled (no second copy).", ge=0)
+    alpha: float = opt(16.0, "LoRA scaling numerator (the update is scaled by alpha / rank).", gt=0)
+    dropout: float = opt(0.0, "Dropout on the LoRA input (0 keeps sampling and training consistent).", ge=0, lt=1)
+    target_modules: list[str] = opt(["all-linear"], "Module names to adapt, or ['all-linear'] for every linear "
+                                                    "layer except the output projection.")
+    save_merged: bool = opt(False, "Also save the weights with the adapter merged into <output_dir>/model-merged.")
 
 
 @dataclass
 class DataConfig:
     task: Literal["arithmetic", "linear", "mixed"] = opt(
         "mixed", "Built-in task: 'arithmetic' (Calculate 2 + 2 * 6 =), 'linear' (Solve y = 2x + 1 for x = 2, y =) "
-                 "or 'mixed' (both).")
+                 "or 'mixed' (both). Ignored when data.path is set.")
+    path: str = opt("", "A data set instead of a built-in task: a local .jsonl/.json/.parquet/.csv file or a "
+                        "directory of them, or a Hugging Face Hub dataset name.")
+    prompt_column: str = opt("question", "Column holding the prompt text.")
+    answer_column: str = opt("answer", "Column holding the reference answer; every other column reaches the "
+                                       "reward functions as a keyword argument.")
+    split: str = opt("train", "Split to train on (Hub datasets, or local files named after splits).")
+    config_name: str = opt("", "Hub dataset configuration (e.g. 'main' for gsm8k).")
+    eval_path: str = opt("", "Held-out data file or directory for evaluation.")
+    eval_split: str = opt("", "Held-out split of the same dataset (e.g. 'test').")
+    eval_fraction: float = opt(0.0, "Else hold out this fraction of the training rows (by a stable hash of the "
+                                    "prompt); 0 with no eval_path/eval_split means no evaluation.", ge=0, lt=1)
 
 
 @dataclass
@@ -134,13 +166,18 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    rewards: list[str] = opt(["exact_match"], "Reward functions, by built-in name or 'module:function'; the "
-                                              "total reward is their weighted sum.")
+    rewards: list[str] = opt(["exact_match"], "Reward functions: built-in names (exact_match, math, format, "
+                                              "overlong) or 'module:function'; the total reward is their "
+                                              "weighted sum.")
     reward_weights: list[float] | None = opt(None, "One weight per reward function; none means all 1.")
+    overlong_buffer: int = opt(0, "L_cache of the overlong reward (DAPO eq. 13), in tokens: the penalty ramps "
+                                  "from 0 to -1 over the last this-many tokens before rollout.max_new_tokens; 0 "
+                                  "means a quarter of max_new_tokens.", ge=0)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -87,32 +87,47 @@ class LogprobModule(torch.nn.Module):
     """The policy as a module whose forward returns completion log-probs, so DDP and FSDP see the one forward
     pass the loss needs."""
 
-    def __init__(self, model, *, fused: bool = True):
+    def __init__(self, model, *, fused: bool = True, adapter_off: bool = False, autocast_bf16: bool = False,
+                 train_mode: bool = False):
+        """`adapter_off`: a LoRA model with its adapter disabled (the reference, without a second copy).
+        `train_mode`: run the forward in train mode (gradient checkpointing needs it; dropout is off anyway)."""
         super().__init__()
         self.model = model
         self.fused = fused
+        self.adapter_off = adapter_off
+        self.autocast_bf16 = autocast_bf16
+        self.train_mode = train_mode
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature: float,
                 chunk_size: int) -> torch.Tensor:
         from grpo.forward import completion_logprobs
-        return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                   temperature=temperature, chunk_size=chunk_size, fused=self.fused)
+        with contextlib.ExitStack() as stack:
+            if self.adapter_off:
+                stack.enter_context(self.model.disable_adapter())
+            stack.enter_context(torch.autocast(prompt_ids.device.type, dtype=torch.bfloat16,
+                                               enabled=self.autocast_bf16))
+            if self.train_mode and torch.is_grad_enabled():
+                self.model.train()
+                stack.callback(self.model.eval)
+            return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                       temperature=temperature, chunk_size=chunk_size, fused=self.fused)
 
 
-def wrap_for_training(model, dist: Dist, sharding: str) -> torch.nn.Module:
-    """The module the training forward runs through: plain, DDP, or FSDP2-sharded (parameters in place)."""
+def wrap_for_training(model, dist: Dist, sharding: str, **options) -> torch.nn.Module:
+    """The module the training forward runs through: plain, DDP, or FSDP2-sharded (parameters in place).
+    `options` go to `LogprobModule`."""
     if dist.world_size == 1 and sharding != "fsdp":
-        return LogprobModule(model)
+        return LogprobModule(model, **options)
     if sharding == "fsdp":
         from torch.distributed.fsdp import fully_shard
         for layer in _decoder_layers(model):
             fully_shard(layer)
         fully_shard(model)
         # sharded parameters are gathered by the root's forward: go through it (full logits, chunked log-probs)
-        return LogprobModule(model, fused=False)
+        return LogprobModule(model, fused=False, **options)
     from torch.nn.parallel import DistributedDataParallel
     ids = [dist.local_rank] if dist.backend == "nccl" else None
-    return DistributedDataParallel(LogprobModule(model), device_ids=ids)
+    return DistributedDataParallel(LogprobModule(model, **options), device_ids=ids)
 
 
 def _decoder_layers(model) -> list[torch.nn.Module]:

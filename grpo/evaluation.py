@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -32,7 +32,7 @@ def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat
 
 def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *, max_new_tokens: int,
              pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-             dist: Dist | None = None) -> dict[str, float]:
+             dist: Dist | None = None, render: Callable[[str], str] = str) -> dict[str, float]:
     """`eval/accuracy` (greedy), `eval/pass@k` (k samples, at least one correct), per family when the
     examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`.
 
@@ -43,7 +43,7 @@ def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: Rewa
     per = math.ceil(n / dist.world_size)
     index = [min(i, n - 1) for i in range(dist.rank * per, (dist.rank + 1) * per)]  # padded to equal shares
     mine = [examples[i] for i in index]
-    prompts = [e.prompt for e in mine]
+    prompts = [render(e.prompt) for e in mine]
     greedy = generator.generate(prompts, Sampling(1, max_new_tokens, temperature=0.0))
     ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1)[:, 0].float())[:n].bool()
     lengths = dist.gather(greedy.lengths.float().cpu())[:n]

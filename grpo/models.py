@@ -1,13 +1,14 @@
-"""Loading the policy and its tokenizer, and the frozen reference model."""
+"""Loading the policy, its tokenizer and the reference; LoRA through peft; prompt formatting."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from grpo.config import ModelConfig
-from grpo.errors import DataError
+from grpo.config import LoraConfig, ModelConfig
+from grpo.errors import ConfigError, DataError
 
 TINY = "tiny"
 
@@ -19,21 +20,29 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
-def load_model(cfg: ModelConfig):
-    """The policy on its device (eval mode: no dropout, so the sampler and the loss see the same distribution) and its
-    tokenizer, with a pad token set when the tokenizer has none (masks never rely on it)."""
+def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
+    """The policy on its device and its tokenizer.
+
+    Dropout is switched off (RL needs the sampler and the loss to see one distribution), a tokenizer without a
+    pad token gets EOS as pad (masks never rely on token ids), and with `lora.rank > 0` the model is wrapped by
+    peft with only the adapter trainable.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(cfg.path)
-    local = Path(path)
+    local = Path(path).expanduser()
     if local.exists() and not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")):
         raise DataError(f"model.path {path!r} is a directory without weights (*.safetensors or *.bin)")
     if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise DataError(f"model.path {path!r} does not exist")
+    kwargs = {"dtype": getattr(torch, cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype))
-    except OSError as e:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path,
+                                                  trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, **kwargs)
+    except (OSError, ValueError) as e:
         raise DataError(f"cannot load model.path {path!r}: {' '.join(str(e).split())[:300]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -42,14 +51,76 @@ def load_model(cfg: ModelConfig):
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise DataError("model.device='cuda' but PyTorch sees no CUDA device; use model.device=cpu or auto")
+    disable_dropout(model)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
+    if lora is not None and lora.rank > 0:
+        model = add_lora(model, lora)
     model.eval()
     return model, tokenizer
 
 
+def disable_dropout(model: torch.nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):
+            module.attention_dropout = 0.0
+    for attr in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "dropout"):
+        if isinstance(getattr(model.config, attr, None), float):
+            setattr(model.config, attr, 0.0)
+
+
+def add_lora(model, lora: LoraConfig):
+    import peft
+
+    targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
+    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=targets, task_type="CAUSAL_LM")
+    try:
+        return peft.get_peft_model(model, config)
+    except ValueError as e:
+        raise ConfigError(f"lora.target_modules={lora.target_modules}: {' '.join(str(e).split())[:300]}") from None
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
+
+
 def frozen_copy(model):
-    """A frozen copy of the initial policy: the reference of the KL penalty."""
+    """A frozen copy of the initial policy: the reference of the KL penalty (not used with LoRA)."""
     ref = copy.deepcopy(model)
     ref.eval()
     ref.requires_grad_(False)
     return ref
+
+
+def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig) -> None:
+    """The trained model via save_pretrained: full weights, or the LoRA adapter (plus merged weights if asked)."""
+    if is_lora(model):
+        model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+        if lora.save_merged:
+            merged = model.merge_and_unload()
+            merged.save_pretrained(out / "model-merged")
+            tokenizer.save_pretrained(out / "model-merged")
+        return
+    model.save_pretrained(out / "model", state_dict=state_dict)
+    tokenizer.save_pretrained(out / "model")
+
+
+def prompt_formatter(tokenizer, cfg: ModelConfig) -> Callable[[str], str]:
+    """Prompt text → the text the model sees: as is, or through the tokenizer's chat template."""
+    if not cfg.chat_template:
+        return lambda text: text
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("model.chat_template is on but the tokenizer has no chat template; turn it off or use "
+                        "a chat model's tokenizer")
+
+    def render(text: str) -> str:
+        messages = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
+        messages.append({"role": "user", "content": text})
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    return render

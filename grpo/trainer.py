@@ -37,10 +37,10 @@ from grpo.data import PromptStream
 from grpo.distributed import Dist, LogprobModule, no_sync, wrap_for_training
 from grpo.evaluation import evaluate, example_fields
 from grpo.metrics import RunLogger
-from grpo.models import frozen_copy, load_model
-from grpo.rewards import RewardFn, resolve_reward, score
+from grpo.models import frozen_copy, is_lora, load_model, prompt_formatter, save_final
+from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name, score
 from grpo.rollout import TRAIN, HFGenerator, Rollout, Sampling, sampling_seed
-from grpo.tasks import load_builtin_task
+from grpo.tasks import load_task
 
 
 @dataclass
@@ -82,13 +82,27 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     out.mkdir(parents=True, exist_ok=True)
     config_yaml = to_yaml(cfg)
 
-    task = load_builtin_task(cfg.data.task, cfg.train.seed)
-    policy, tokenizer = load_model(cfg.model)
-    # the reference is the initial policy (before any resume or sharding), frozen
-    reference = LogprobModule(frozen_copy(policy)) if cfg.algo.beta > 0 else None
-    trainable = wrap_for_training(policy, dist, cfg.train.sharding)  # plain, DDP or FSDP2
-    generator = HFGenerator(policy, tokenizer, all_finished=lambda done: not dist.any(not done))
-    reward_fns = list(rewards) if rewards is not None else [resolve_reward(n) for n in cfg.rewards]
+    if cfg.lora.rank and cfg.train.sharding == "fsdp":
+        raise ConfigError("lora.rank > 0 with train.sharding=fsdp is not supported; use train.sharding=ddp")
+    task = load_task(cfg.data, cfg.train.seed)
+    policy, tokenizer = load_model(cfg.model, cfg.lora)
+    m = cfg.model
+    # the reference is the initial policy (before any resume or sharding), frozen; with LoRA, the same model
+    # with its adapter disabled
+    reference = None
+    if cfg.algo.beta > 0:
+        reference = (LogprobModule(policy, adapter_off=True, autocast_bf16=m.autocast_bf16) if is_lora(policy)
+                     else LogprobModule(frozen_copy(policy), autocast_bf16=m.autocast_bf16))
+    trainable = wrap_for_training(policy, dist, cfg.train.sharding, autocast_bf16=m.autocast_bf16,
+                                  train_mode=m.gradient_checkpointing)  # plain, DDP or FSDP2
+    render = prompt_formatter(tokenizer, m)
+    generator = HFGenerator(policy, tokenizer, all_finished=lambda done: not dist.any(not done),
+                            add_special_tokens=not m.chat_template, autocast_bf16=m.autocast_bf16)
+    if rewards is not None:
+        reward_fns = [(reward_name(f), f) for f in rewards]
+    else:
+        reward_fns = build_rewards(cfg.rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
+                                   overlong_buffer=cfg.overlong_buffer)
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(reward_fns):
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values for {len(reward_fns)} reward "
                           "functions; give one weight per function")
@@ -113,10 +127,15 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     if ckpt is not None:
         logger.write(f"resumed from {ckpt} at step {state['step']}")
 
+    if not eval_set:
+        logger.write("no held-out examples (data.eval_path, data.eval_split, data.eval_fraction): no evaluation")
+
     def run_eval(step: int) -> dict[str, float]:
+        if not eval_set:
+            return {}
         metrics = evaluate(generator, eval_set, correct_fn, max_new_tokens=cfg.rollout.max_new_tokens,
                            pass_k=cfg.eval.pass_k, temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p,
-                           seed=cfg.train.seed, dist=dist)
+                           seed=cfg.train.seed, dist=dist, render=render)
         logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                      + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
         return metrics
@@ -140,10 +159,11 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
             examples = _shard(stream.next_batch(), dist)
             seeds = _shard([sampling_seed(cfg.train.seed, TRAIN, first + i) for i in range(cfg.train.prompts_per_step)],
                            dist)
-            rollout = generator.generate([e.prompt for e in examples], _sampling(cfg), seeds)
+            prompts = [render(e.prompt) for e in examples]
+            rollout = generator.generate(prompts, _sampling(cfg), seeds)
             rollout_seconds = time.perf_counter() - start
             # 3-4. rewards and advantages
-            batch = _score(cfg, dist, reward_fns, examples, rollout)
+            batch = _score(cfg, dist, reward_fns, examples, prompts, rollout)
             # 5-6. step-wide normaliser; reference and old log-probs
             normalizer = loss_normalizer(cfg.algo.aggregation, num_sequences=int(dist.sum(len(rollout))),
                                          num_tokens=int(dist.sum(batch.loss_mask.sum().item())),
@@ -176,10 +196,10 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
                 break
 
     if result.stopped_by is None:
-        weights = full_model_state(policy)  # gathered from the shards under FSDP (every process takes part)
+        # gathered from the shards under FSDP (every process takes part)
+        weights = None if is_lora(policy) else full_model_state(policy)
         if dist.is_main:
-            policy.save_pretrained(out / "model", state_dict=weights)
-            tokenizer.save_pretrained(out / "model")
+            save_final(policy, tokenizer, out, state_dict=weights, lora=cfg.lora)
     logger.close()
     return result
 
@@ -251,9 +271,9 @@ class GracefulStop:
 # ---------------------------------------------------------------------------------------------------------
 # the pieces of a step
 
-def _score(cfg: Config, dist: Dist, reward_fns: list[RewardFn], examples, rollout: Rollout) -> StepBatch:
+def _score(cfg: Config, dist: Dist, reward_fns, examples, prompts: list[str], rollout: Rollout) -> StepBatch:
     g = cfg.rollout.group_size
-    prompts = [e.prompt for e in examples for _ in range(g)]
+    prompts = [p for p in prompts for _ in range(g)]
     total, per_fn = score(reward_fns, cfg.reward_weights, prompts, rollout.texts, example_fields(examples, g))
     # advantages on the rewards of every rank (batch std needs them all), then this rank's slice
     everyone = dist.gather(total)

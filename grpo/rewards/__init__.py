@@ -8,7 +8,7 @@ Built-ins are named in `REWARDS`; any importable `module:function` works too.
 from __future__ import annotations
 
 import importlib
-import math as _math  # grpo.rewards.math (a submodule) would shadow a plain "math"
+import math as _math  # grpo.rewards.math_answers (a submodule) would shadow a plain "math"
 import re
 from collections.abc import Callable, Sequence
 
@@ -46,7 +46,51 @@ def _same_number(a: str, b: str) -> bool:
         return a == b.strip()
 
 
-REWARDS: dict[str, RewardFn] = {"exact_match": exact_match}
+def math(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str], **fields) -> list[float]:
+    """1.0 when the completion's final answer (boxed, <answer>, #### or last number) is mathematically equal to
+    the reference (GSM8K "#### 72", MATH \\boxed{}, or plain), checked with math-verify. See
+    `grpo.rewards.math_answers.math_reward`."""
+    from grpo.rewards.math_answers import math_reward
+    return math_reward(prompts, completions, answer, **fields)
+
+
+def format(prompts: Sequence[str], completions: Sequence[str], **fields) -> list[float]:  # noqa: A001
+    """1.0 for a <think>…</think><answer>…</answer> completion (DeepSeek-R1 style), else 0.0. See
+    `grpo.rewards.math_answers.format_reward`."""
+    from grpo.rewards.math_answers import format_reward
+    return format_reward(prompts, completions, **fields)
+
+
+def overlong(prompts: Sequence[str], completions: Sequence[str], **fields) -> list[float]:
+    """DAPO's soft overlong punishment, in characters (4096 max, 1024 buffer). In a config, `overlong` counts
+    tokens instead, against rollout.max_new_tokens and overlong_buffer (see `build_rewards`)."""
+    from grpo.rewards.math_answers import overlong as by_chars
+    return by_chars(prompts, completions, **fields)
+
+
+REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "math": math, "format": format, "overlong": overlong}
+
+
+def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int | None = None,
+                  overlong_buffer: int = 0) -> list[tuple[str, RewardFn]]:
+    """The config's reward functions as (name, function) pairs. `overlong` measures completions in the
+    tokenizer's tokens against `max_new_tokens`, ramping over the last `overlong_buffer` tokens (a quarter of
+    max_new_tokens when 0)."""
+    out = []
+    for name in names:
+        fn = resolve_reward(name)
+        if name == "overlong" and tokenizer is not None and max_new_tokens:
+            from grpo.rewards.math_answers import make_overlong_penalty
+            buffer = overlong_buffer or max(1, max_new_tokens // 4)
+            if buffer > max_new_tokens:
+                raise ConfigError(f"overlong_buffer={buffer} is larger than rollout.max_new_tokens={max_new_tokens}")
+
+            def tokens(text: str) -> int:
+                return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+            fn = make_overlong_penalty(max_new_tokens, buffer, length_fn=tokens)
+        out.append((name, fn))
+    return out
 
 
 def resolve_reward(name: str, *, field: str = "rewards") -> RewardFn:
@@ -80,18 +124,19 @@ def _culprit(fn: RewardFn, prompts, completions, fields) -> int | None:
     return None
 
 
-def score(fns: Sequence[RewardFn], weights: Sequence[float] | None, prompts: Sequence[str],
+def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[float] | None, prompts: Sequence[str],
           completions: Sequence[str], fields: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Run every reward function; return the weighted total (N,) and each function's rewards (N,).
+    """Run every reward function; return the weighted total (N,) and each function's rewards (N,), keyed by
+    the name given in a (name, function) pair or else the function's __name__.
 
     None becomes NaN. A completion that no function scores gets a NaN total (advantage 0); otherwise the
     total sums the functions that apply (NaN-aware, as TRL does).
     """
-    weights = [1.0] * len(fns) if weights is None else list(weights)
+    named = [f if isinstance(f, tuple) else (reward_name(f), f) for f in fns]
+    weights = [1.0] * len(named) if weights is None else list(weights)
     n = len(completions)
     per_fn = {}
-    for fn in fns:
-        name = reward_name(fn)
+    for name, fn in named:
         try:
             values = fn(prompts=list(prompts), completions=list(completions), **fields)
         except Exception as e:  # a user's function: say which one, and on which example
@@ -109,7 +154,7 @@ def score(fns: Sequence[RewardFn], weights: Sequence[float] | None, prompts: Seq
         except (TypeError, ValueError):
             bad = next(v for v in values if v is not None and not isinstance(v, (int, float)))
             raise DataError(f"reward function {name!r} returned {bad!r}; rewards must be floats or None") from None
-    stacked = torch.stack([per_fn[reward_name(fn)] * w for fn, w in zip(fns, weights)])  # (F, N)
+    stacked = torch.stack([per_fn[name] * w for (name, _), w in zip(named, weights, strict=True)])  # (F, N)
     total = torch.nansum(stacked, dim=0)
     total[torch.isnan(stacked).all(dim=0)] = float("nan")
     return total, per_fn

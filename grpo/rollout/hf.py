@@ -41,11 +41,15 @@ class HFGenerator:
     """Sampling from a `transformers` causal LM on the device of its weights."""
 
     def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256,
-                 all_finished: Callable[[bool], bool] | None = None):
+                 all_finished: Callable[[bool], bool] | None = None, add_special_tokens: bool = True,
+                 autocast_bf16: bool = False):
         """`all_finished(done)`: with several processes whose forward passes are collective (FSDP), True only
-        when every process's batch is done, so all of them run the same number of decoding steps."""
+        when every process's batch is done, so all of them run the same number of decoding steps.
+        `add_special_tokens=False` for prompts already rendered by a chat template (which adds BOS itself)."""
         self.model = model
         self.tokenizer = tokenizer
+        self.add_special_tokens = add_special_tokens
+        self.autocast_bf16 = autocast_bf16
         self.max_batch_prompts = max_batch_prompts
         self.all_finished = all_finished or (lambda done: done)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
@@ -68,10 +72,15 @@ class HFGenerator:
         parts = [self._generate(prompts[i:i + b], sampling, seeds[i:i + b]) for i in range(0, len(prompts), b)]
         return parts[0] if len(parts) == 1 else _concat(parts, self.pad_id)
 
-    @torch.no_grad()
     def _generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
+        with torch.no_grad(), torch.autocast(self.model.device.type, dtype=torch.bfloat16,
+                                             enabled=self.autocast_bf16):
+            return self._sample(prompts, sampling, seeds)
+
+    def _sample(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
         device = self.model.device
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
+                             add_special_tokens=self.add_special_tokens)
         prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         n = sampling.n
         position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)

@@ -42,6 +42,7 @@ def test_shipped_config_by_name(tmp_path, random_model_dir):
     (["train", "missing.yaml"], "config 'missing.yaml' is neither a file nor a shipped config"),
     (["train", "model.path=/nonexistent/model"], "model.path '/nonexistent/model' does not exist"),
     (["eval", "rewards=[nope]"], "rewards: unknown reward 'nope'"),
+    (["train", "data.path=/nonexistent/train.jsonl"], "/nonexistent/train.jsonl"),
 ])
 def test_bad_input_is_one_line_and_nonzero(args, message):
     r = grpo(*args)

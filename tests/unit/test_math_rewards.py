@@ -8,11 +8,11 @@ import time
 import pytest
 
 from grpo.errors import ConfigError
-from grpo.rewards.math import (extract_answer, format_reward, make_overlong_penalty, math_reward, overlong,
+from grpo.rewards.math_answers import (extract_answer, format_reward, make_overlong_penalty, math_reward, overlong,
                                reference_answer)
 
 # Not `from grpo.rewards import math`: that can be the standard library's math, imported by the package.
-math_rewards = importlib.import_module("grpo.rewards.math")
+math_rewards = importlib.import_module("grpo.rewards.math_answers")
 
 GSM8K_72 = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
             "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72")
