@@ -83,7 +83,7 @@ class DataConfig:
 class RolloutConfig:
     group_size: int = opt(8, "G: completions sampled per prompt; advantages are standardised within each group.",
                           ge=2)
-    max_new_tokens: int = opt(8, "Longest completion, in tokens; a completion without EOS by then is truncated. "
+    max_new_tokens: int = opt(32, "Longest completion, in tokens; a completion without EOS by then is truncated. "
                                  "Also L_max of the Dr. GRPO constant normaliser.", ge=1)
     temperature: float = opt(1.0, "Sampling temperature; log-probs for the loss use the same temperature.", gt=0)
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability.",
@@ -115,12 +115,12 @@ class AlgoConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(60, "Optimiser steps (each: sample, score, update).", ge=1)
+    steps: int = opt(100, "Optimiser steps (each: sample, score, update).", ge=1)
     prompts_per_step: int = opt(16, "Prompts per step; each gets group_size completions.", ge=1)
     micro_batch_size: int = opt(64, "Sequences per forward/backward pass; gradients are accumulated across "
                                     "micro-batches with the step-wide normaliser, so this changes memory, not "
                                     "results.", ge=1)
-    lr: float = opt(5e-5, "Peak learning rate of AdamW.", gt=0)
+    lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
     lr_schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Decay after warm-up.")
     warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0)
     weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0)
@@ -144,12 +144,12 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = opt(20, "Evaluate on the held-out split every this many steps, plus once before the first "
+    every: int = opt(25, "Evaluate on the held-out split every this many steps, plus once before the first "
                          "update and once after the last; 0 evaluates only before and after.", ge=0)
     size: int = opt(0, "Held-out examples to evaluate on; 0 uses all of them.", ge=0)
     pass_k: int = opt(8, "k of pass@k: completions sampled per held-out prompt; 0 skips pass@k.", ge=0)
     temperature: float = opt(1.0, "Sampling temperature for pass@k (accuracy is always greedy).", gt=0)
-    reward: str = opt("exact_match", "Reward function that decides whether a completion is correct (1 = correct).")
+    reward: str = opt("last_number", "Reward function that decides whether a completion is correct (1 = correct).")
 
 
 @dataclass
@@ -171,9 +171,9 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    rewards: list[str] = opt(["exact_match"], "Reward functions: built-in names (exact_match, math, format, "
-                                              "overlong) or 'module:function'; the total reward is their "
-                                              "weighted sum.")
+    rewards: list[str] = opt(["last_number"], "Reward functions: built-in names (exact_match, last_number, math, "
+                                              "format, overlong) or 'module:function'; the total reward is "
+                                              "their weighted sum.")
     reward_weights: list[float] | None = opt(None, "One weight per reward function; none means all 1.")
     overlong_buffer: int = opt(0, "L_cache of the overlong reward (DAPO eq. 13), in tokens: the penalty ramps "
                                   "from 0 to -1 over the last this-many tokens before rollout.max_new_tokens; 0 "

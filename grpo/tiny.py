@@ -13,33 +13,64 @@ import string
 from pathlib import Path
 
 import transformers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
-UNK_TOKEN = "<|unk|>"
-SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN)
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN)
 # Python's string.printable: digits, letters, punctuation and whitespace (space, \t, \n, \r, \x0b, \x0c).
 CHARACTERS = string.printable
+# The pre-tokenizer split used by Qwen2 (transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX).
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                           r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2/Qwen2's reversible byte -> printable unicode map used by the ByteLevel pre-tokenizer/decoder
+    (e.g. space -> "Ġ", newline -> "Ċ"; "!".."~" map to themselves)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def build_char_tokenizer(model_max_length: int = 64) -> transformers.PreTrainedTokenizerFast:
-    """A character-level fast tokenizer: ids 0-2 are ``<|pad|>``, ``<|endoftext|>``, ``<|unk|>``, then one id
-    per printable ASCII character. Every character is its own pre-token, decoding concatenates tokens
-    (no spaces added), no BOS is prepended, and a character outside the vocabulary encodes as ``<|unk|>``."""
+    """A character-level fast tokenizer: ids 0 and 1 are ``<|pad|>`` and ``<|endoftext|>`` (EOS), then one id
+    per printable ASCII character (``string.printable``, space included). No BOS is prepended on encode and
+    decoding concatenates the characters back exactly (no spaces added or cleaned up).
+
+    It is built with the `tokenizers` library as a byte-level BPE **without merges** over exactly these
+    characters, using Qwen2's own normalizer / pre-tokenizer / decoder. With no merges every character is
+    its own token, so this is a character-level tokenizer; the point of the Qwen2-shaped pipeline is that
+    transformers 5 loads any directory whose config.json says ``model_type: qwen2`` through
+    ``Qwen2Tokenizer``, which rebuilds exactly this pipeline from the saved vocabulary. The tokenizer
+    therefore behaves identically whether it is loaded from a tokenizer-only directory (as
+    ``TokenizersBackend``) or from the model directory (as ``Qwen2Tokenizer``); a WordLevel model would be
+    silently rebuilt as byte-level BPE there and lose its spaces. Characters outside the vocabulary (non-ASCII)
+    are dropped on encode, as Qwen2's BPE has no unknown token."""
+    b2u = _byte_to_unicode()
     vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     for ch in CHARACTERS:
-        vocab[ch] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK_TOKEN))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
+        vocab[b2u[ord(ch)]] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], dropout=None, unk_token=None, continuing_subword_prefix="",
+                               end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
         clean_up_tokenization_spaces=False,
         model_max_length=model_max_length,
     )
@@ -52,10 +83,10 @@ def tiny_model_config(tokenizer, **overrides) -> transformers.Qwen2Config:
     Keyword arguments override any field."""
     kwargs = dict(
         vocab_size=len(tokenizer),
-        hidden_size=192,
-        intermediate_size=576,
+        hidden_size=128,
+        intermediate_size=512,
         num_hidden_layers=4,
-        num_attention_heads=6,
+        num_attention_heads=4,
         num_key_value_heads=2,
         hidden_act="silu",
         max_position_embeddings=64,

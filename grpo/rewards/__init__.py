@@ -39,6 +39,19 @@ def exact_match(prompts: Sequence[str], completions: Sequence[str], answer: Sequ
     return out
 
 
+def last_number(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str], **_) -> list[float]:
+    """1.0 when the last number in the completion equals the answer, else 0.0: for completions that work the
+    answer out before stating it.
+
+    Example: " 2 * 6 = 12, 2 + 12 = 14" with answer "14" → 1.0; " 2 + 2 = 4, 4 * 6 = 24" → 0.0.
+    """
+    out = []
+    for completion, ans in zip(completions, answer, strict=True):
+        found = _NUMBER.findall(completion)
+        out.append(1.0 if found and _same_number(found[-1], str(ans)) else 0.0)
+    return out
+
+
 def _same_number(a: str, b: str) -> bool:
     try:
         return _math.isclose(float(a), float(b.strip().replace(",", "")), rel_tol=0, abs_tol=1e-9)
@@ -68,7 +81,8 @@ def overlong(prompts: Sequence[str], completions: Sequence[str], **fields) -> li
     return by_chars(prompts, completions, **fields)
 
 
-REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "math": math, "format": format, "overlong": overlong}
+REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "last_number": last_number, "math": math,
+                                 "format": format, "overlong": overlong}
 
 
 def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int | None = None,

@@ -8,7 +8,10 @@ and held-out splits are disjoint and identical for every seed; the seed only ord
 - ``linear``: ``"Solve y = 2x + 1 for x = 2, y ="`` → ``5``. ``y = a x ± b`` with single digits.
 - ``mixed``: both, interleaved.
 
-A completion is scored by `grpo.rewards.exact_match`: the first number in it must equal the answer.
+`worked_solution` writes the two-step working of a problem (" 2 * 6 = 12, 2 + 12 = 14"), in the right order or
+in the wrong one (the grouping mistake " 2 + 2 = 4, 4 * 6 = 24"); the bundled model was warm-started on a mix
+of both (docs/tiny-model.md). Completions are scored by `grpo.rewards.last_number`: the last number in the
+completion must equal the answer.
 """
 from __future__ import annotations
 
@@ -28,6 +31,33 @@ def evaluate(a: int, op1: str, b: int, op2: str, c: int) -> int:
     if op2 == "*" and op1 != "*":
         return apply[op1](a, b * c)
     return apply[op2](apply[op1](a, b), c)
+
+
+_APPLY = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+
+
+def worked_solution(example: Example, *, correct: bool = True) -> str:
+    """The working of a built-in problem in two steps, ending with its value.
+
+    `correct=False` groups the wrong pair first: for arithmetic the other pair of operands, for linear
+    evaluation (x ± b) before multiplying by a. Example: "Calculate 2 + 2 * 6 =" → " 2 * 6 = 12, 2 + 12 = 14";
+    with correct=False " 2 + 2 = 4, 4 * 6 = 24".
+    """
+    f = example.fields
+    if f["task"] == "arithmetic":
+        (a, b, c), (op1, op2) = f["operands"], f["ops"]
+        right_first = op2 == "*" and op1 != "*"  # precedence puts b op2 c first
+        if right_first == correct:
+            t = _APPLY[op2](b, c)
+            return f" {b} {op2} {c} = {t}, {a} {op1} {t} = {_APPLY[op1](a, t)}"
+        t = _APPLY[op1](a, b)
+        return f" {a} {op1} {b} = {t}, {t} {op2} {c} = {_APPLY[op2](t, c)}"
+    a, b, x, sign = f["a"], f["b"], f["x"], f["sign"]
+    if correct:
+        t = a * x
+        return f" {a} * {x} = {t}, {t} {sign} {b} = {_APPLY[sign](t, b)}"
+    t = _APPLY[sign](x, b)
+    return f" {x} {sign} {b} = {t}, {a} * {t} = {a * t}"
 
 
 def arithmetic_examples() -> list[Example]:

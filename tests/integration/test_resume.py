@@ -1,6 +1,5 @@
 """Checkpoints: exact resume, torn checkpoints, SIGKILL at random moments, SIGTERM, NaN steps, config checks."""
 import json
-import os
 import random
 import signal
 import subprocess
@@ -141,6 +140,13 @@ def spawn(tmp_path, model_dir, out, *extra):
                             stderr=subprocess.PIPE, text=True)
 
 
+def wait_for_rows(proc, out, n: int) -> None:
+    """Until the run has logged n lines of metrics (step 0, the evaluation, is the first)."""
+    metrics = out / "metrics.jsonl"
+    while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < n):
+        time.sleep(0.05)
+
+
 def writing(out, proc) -> bool:
     return any(checkpoint_root(out).glob(f".tmp-step-*-{proc.pid}"))
 
@@ -180,9 +186,7 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, random_model_dir):
 def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, random_model_dir):
     out = tmp_path / "term"
     proc = spawn(tmp_path, random_model_dir, out, "train.steps=200")
-    metrics = out / "metrics.jsonl"
-    while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
-        time.sleep(0.05)
+    wait_for_rows(proc, out, 3)
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(timeout=120)
     err = proc.stderr.read()
@@ -200,12 +204,10 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
 def test_second_signal_exits_at_once(tmp_path, random_model_dir):
     out = tmp_path / "twice"
     proc = spawn(tmp_path, random_model_dir, out, "train.steps=200")
-    metrics = out / "metrics.jsonl"
-    while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
-        time.sleep(0.05)
+    wait_for_rows(proc, out, 2)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     code = proc.wait(timeout=60)
     assert code == 130 and "second SIGINT: exiting now" in proc.stderr.read()
-    assert os.path.exists(metrics)
+    assert (out / "metrics.jsonl").exists()

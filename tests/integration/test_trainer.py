@@ -55,14 +55,14 @@ def test_metrics_rows_and_outputs(tmp_path, random_model_dir):
     out = tmp_path / "out"
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert "eval/accuracy" in rows[0] and "reward/mean" not in rows[0]  # the evaluation before any update
-    required = ["reward/mean", "reward/exact_match", "loss", "kl", "clip/frac", "completion/mean_length",
+    required = ["reward/mean", "reward/last_number", "loss", "kl", "clip/frac", "completion/mean_length",
                 "perf/step_seconds", "perf/completion_tokens", "eval/accuracy", "eval/pass@2", "lr", "grad_norm"]
     for r in rows[1:]:
         assert all(k in r for k in required), [k for k in required if k not in r]
     assert result.final_eval["eval/accuracy"] == rows[-1]["eval/accuracy"]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} == {1, 2} and len(samples) == 2 * 2 * 4  # 2 groups of G = 4 per step
-    assert {"prompt", "answer", "completion", "reward", "advantage", "reward/exact_match"} <= samples[0].keys()
+    assert {"prompt", "answer", "completion", "reward", "advantage", "reward/last_number"} <= samples[0].keys()
     assert (out / "chart.png").stat().st_size > 1000
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "config.yaml").exists() and (out / "model" / "model.safetensors").exists()

@@ -13,7 +13,7 @@ from grpo.errors import ConfigError
 def test_defaults_are_the_grpo_preset():
     cfg = load_config()
     assert cfg.algo.preset == "grpo" and cfg.algo.beta == 0.04 and cfg.algo.aggregation == "seq_mean"
-    assert cfg.model.path == "tiny" and cfg.rewards == ["exact_match"]
+    assert cfg.model.path == "tiny" and cfg.rewards == ["last_number"] and cfg.eval.reward == "last_number"
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -104,3 +104,7 @@ def test_shipped_configs_load_and_validate():
         load_config(CONFIG_DIR / f"{name}.yaml")
     for preset in PRESETS:
         assert load_config(CONFIG_DIR / "presets" / f"{preset}.yaml").algo.preset == preset
+
+
+def test_no_arguments_is_the_shipped_default_job():
+    assert load_config().to_dict() == load_config(CONFIG_DIR / "tiny.yaml").to_dict()

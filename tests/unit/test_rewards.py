@@ -17,6 +17,15 @@ def test_exact_match_first_number(completion, answer, expected):
     assert exact_match(prompts=["p"], completions=[completion], answer=[answer]) == [expected]
 
 
+@pytest.mark.parametrize("completion, answer, expected", [
+    (" 2 * 6 = 12, 2 + 12 = 14", "14", 1.0), (" 2 + 2 = 4, 4 * 6 = 24", "14", 0.0), (" 14", "14", 1.0),
+    (" 3 - 5 = -2, -2 * 4 = -8", "-8", 1.0), ("", "1", 0.0), (" 14 apples", "14", 1.0), (" 14, no: 15", "14", 0.0),
+])
+def test_last_number(completion, answer, expected):
+    from grpo.rewards import last_number
+    assert last_number(prompts=["p"], completions=[completion], answer=[answer]) == [expected]
+
+
 def test_first_number():
     assert first_number("a -12.5 b 3") == "-12.5" and first_number("none") is None
 

@@ -1,0 +1,47 @@
+"""The bundled tiny model and its character-level tokenizer."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import transformers
+
+from grpo.tiny import TINY_MODEL_DIR, build_char_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXTS = ["Calculate 2 + 2 * 6 =", " 2 * 6 = 12, 2 + 12 = 14", "Solve y = 2x + 1 for x = 2, y =", "  two  spaces ",
+         "tabs\tand\nnewlines", "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"]
+
+
+def test_character_tokenizer_round_trips_through_save_pretrained(tmp_path):
+    tok = build_char_tokenizer()
+    tok.save_pretrained(tmp_path)
+    again = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    for text in TEXTS:
+        ids = tok.encode(text)
+        assert len(ids) == len(text)  # one token per character, no BOS
+        assert again.encode(text) == ids and again.decode(ids) == text
+    assert again.pad_token_id != again.eos_token_id and again.eos_token == "<|endoftext|>"
+
+
+@pytest.mark.skipif(not (TINY_MODEL_DIR / "model.safetensors").exists(), reason="not built")
+def test_bundled_model_and_report():
+    tok = transformers.AutoTokenizer.from_pretrained(TINY_MODEL_DIR)
+    model = transformers.AutoModelForCausalLM.from_pretrained(TINY_MODEL_DIR)
+    assert type(model).__name__ == "Qwen2ForCausalLM"
+    assert all(tok.decode(tok.encode(t)) == t and tok.encode(t) == build_char_tokenizer().encode(t) for t in TEXTS)
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000
+    assert (TINY_MODEL_DIR / "model.safetensors").stat().st_size < 5 * 2**20
+    held = json.loads((TINY_MODEL_DIR / "warmstart.json").read_text())["held_out"]
+    assert 0.15 <= held["eval/accuracy"] <= 0.60                  # low greedy accuracy ...
+    assert held["eval/pass@8"] >= held["eval/accuracy"] + 0.3      # ... but the right answer is often sampled
+
+
+def test_build_script_runs(tmp_path):
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_tiny_model.py"), "--out", str(tmp_path),
+                        "--steps", "3", "--eval-size", "4"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "warmstart.json").read_text())
+    assert report["parameters"] > 0 and "eval/pass@8" in report["held_out"]
+    assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path) is not None
