@@ -140,6 +140,11 @@ def spawn(tmp_path, model_dir, out, *extra):
                             stderr=subprocess.PIPE, text=True)
 
 
+def rows_logged(out) -> int:
+    metrics = out / "metrics.jsonl"
+    return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+
 def wait_for_rows(proc, out, n: int) -> None:
     """Until the run has logged n lines of metrics (step 0, the evaluation, is the first)."""
     metrics = out / "metrics.jsonl"
@@ -153,13 +158,13 @@ def writing(out, proc) -> bool:
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_loses_nothing(tmp_path, random_model_dir):
-    steps = ["train.steps=14", "train.save_every=1", "train.keep_last=2", "eval.every=7"]
+    steps = ["train.steps=40", "train.save_every=1", "train.keep_last=2", "eval.every=20"]
     ref = spawn(tmp_path, random_model_dir, tmp_path / "ref", *steps)
     assert ref.wait(timeout=600) == 0, ref.stderr.read()
     out = tmp_path / "killed"
     rnd = random.Random(1234)
     kills = mid_write = 0
-    deadline = time.time() + 600
+    deadline = time.time() + 900
     while time.time() < deadline:
         proc = spawn(tmp_path, random_model_dir, out, *steps, "train.resume=auto")
         if kills < 12:
@@ -168,8 +173,9 @@ def test_sigkill_at_random_moments_loses_nothing(tmp_path, random_model_dir):
                     time.sleep(0.005)
                 time.sleep(rnd.uniform(0, 0.1))
                 mid_write += writing(out, proc)
-            else:
-                time.sleep(rnd.uniform(0.5, 6.0))
+            else:  # a random moment: during start-up, or within the next couple of steps
+                wait_for_rows(proc, out, rows_logged(out) + rnd.randint(0, 2))
+                time.sleep(rnd.uniform(0, 0.4))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 proc.wait()
