@@ -5,7 +5,7 @@
 """
 from grpo.config import Config, load_config
 from grpo.errors import ConfigError, DataError, GRPOError
-from grpo.rewards import REWARDS, exact_match
+from grpo.rewards import REWARDS, exact_match, last_number
 
 
 def train(cfg: Config, **kwargs):
@@ -14,5 +14,6 @@ def train(cfg: Config, **kwargs):
     return _train(cfg, **kwargs)
 
 
-__all__ = ["REWARDS", "Config", "ConfigError", "DataError", "GRPOError", "exact_match", "load_config", "train"]
+__all__ = ["REWARDS", "Config", "ConfigError", "DataError", "GRPOError", "exact_match", "last_number", "load_config",
+           "train"]
 __version__ = "0.1.0"
