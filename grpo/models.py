@@ -35,13 +35,13 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
         raise DataError(f"model.path {path!r} is a directory without weights (*.safetensors or *.bin)")
     if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise DataError(f"model.path {path!r} does not exist")
+    source = str(local) if local.exists() else path  # a local directory, or a Hub id
     kwargs = {"dtype": getattr(torch, cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else path,
-                                                  trust_remote_code=cfg.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(str(local) if local.exists() else path, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load model.path {path!r}: {' '.join(str(e).split())[:300]}") from None
     if tokenizer.pad_token_id is None:

@@ -67,6 +67,7 @@ class StepBatch:
     loss_mask: torch.Tensor              # (N, T)
     adv: torch.Tensor                    # (N,)
     rewards: torch.Tensor                # (N,) weighted total
+    all_rewards: torch.Tensor            # (N · processes,) every process's rewards, in rank order
     per_fn: dict[str, torch.Tensor]      # name → (N,)
     ref_logp: torch.Tensor | None = None  # (N, T)
     old_logp: torch.Tensor | None = None  # (N, T)
@@ -84,6 +85,9 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
 
     if cfg.lora.rank and cfg.train.sharding == "fsdp":
         raise ConfigError("lora.rank > 0 with train.sharding=fsdp is not supported; use train.sharding=ddp")
+    if cfg.train.prompts_per_step % dist.world_size:
+        raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the "
+                          f"number of processes ({dist.world_size})")
     task = load_task(cfg.data, cfg.train.seed)
     policy, tokenizer = load_model(cfg.model, cfg.lora)
     m = cfg.model
@@ -108,9 +112,6 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
                           "functions; give one weight per function")
     correct_fn = resolve_reward(cfg.eval.reward, field="eval.reward")
     optimizer, scheduler = _optimizer(cfg, trainable)
-    if cfg.train.prompts_per_step % dist.world_size:
-        raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the "
-                         f"number of processes ({dist.world_size})")
     stream = PromptStream(task.train, cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
 
@@ -165,7 +166,8 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
             # 3-4. rewards and advantages
             batch = _score(cfg, dist, reward_fns, examples, prompts, rollout)
             # 5-6. step-wide normaliser; reference and old log-probs
-            normalizer = loss_normalizer(cfg.algo.aggregation, num_sequences=int(dist.sum(len(rollout))),
+            # every process holds an equal share of sequences, so only the token count needs a collective
+            normalizer = loss_normalizer(cfg.algo.aggregation, num_sequences=len(rollout) * dist.world_size,
                                          num_tokens=int(dist.sum(batch.loss_mask.sum().item())),
                                          max_completion_length=cfg.rollout.max_new_tokens)
             if reference is not None:
@@ -181,7 +183,7 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
                                     lr=scheduler.get_last_lr()[0])
             _check_finite(cfg, state, updates, metrics, step, logger, result)
             if cfg.log.samples_every and step % cfg.log.samples_every == 0:
-                logger.samples(step, _sample_rows(cfg, tokenizer, examples, batch))
+                logger.samples(step, _sample_rows(cfg, examples, batch))
             if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
                 result.final_eval = run_eval(step)
                 metrics.update(result.final_eval)
@@ -283,7 +285,7 @@ def _score(cfg: Config, dist: Dist, reward_fns, examples, prompts: list[str], ro
     loss_mask = rollout.completion_mask.clone()
     if cfg.algo.mask_truncated:
         loss_mask[rollout.truncated] = 0
-    return StepBatch(rollout, loss_mask, adv, total, per_fn)
+    return StepBatch(rollout, loss_mask, adv, total, everyone, per_fn)
 
 
 def _micro_batches(cfg: Config, rollout: Rollout):
@@ -358,7 +360,7 @@ def _step_metrics(cfg: Config, dist: Dist, batch: StepBatch, updates: list[dict]
                   rollout_seconds: float, lr: float) -> dict[str, float]:
     """Figures of the whole step (all ranks), averaged over the μ updates."""
     g = cfg.rollout.group_size
-    rewards = dist.gather(batch.rewards)
+    rewards = batch.all_rewards
     grouped = rewards.view(-1, g)
     lengths = dist.gather(batch.rollout.lengths.float().cpu())
     m: dict[str, float] = {
@@ -390,7 +392,7 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _sample_rows(cfg: Config, tokenizer, examples, batch: StepBatch) -> list[dict]:
+def _sample_rows(cfg: Config, examples, batch: StepBatch) -> list[dict]:
     g = cfg.rollout.group_size
     rows = []
     for i, e in enumerate(examples[:cfg.log.samples_per_step]):
