@@ -141,8 +141,8 @@ def _sample(cfg, args) -> int:
     prompts = args.prompt or [e.prompt for e in (task.eval or task.train)[:4]]
     r = cfg.rollout
     seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(prompts))]
-    rollout = generator.generate([render(p) for p in prompts],
-                                 Sampling(args.n, r.max_new_tokens, r.temperature, r.top_p, r.top_k), seeds)
+    sampling = Sampling(args.n, r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.min_new_tokens)
+    rollout = generator.generate([render(p) for p in prompts], sampling, seeds)
     for i, prompt in enumerate(prompts):
         print(prompt)
         for text in rollout.texts[i * args.n:(i + 1) * args.n]:

@@ -37,10 +37,13 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the weights and of the forward passes.")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "Where the model runs; auto picks cuda when available.")
     autocast_bf16: bool = opt(False, "Run forward passes under bfloat16 autocast (weights stay in model.dtype); "
-                                     "on CPUs with AVX-512 BF16 or AMX this is faster.")
+                                     "on CPUs with AVX-512 BF16 or AMX this is faster from a few million "
+                                     "parameters up (docs/benchmarks.md).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
     attn_implementation: str = opt("", "Attention kernel passed to transformers ('eager', 'sdpa', "
-                                       "'flash_attention_2', ...); empty keeps the model's default.")
+                                       "'flash_attention_2', ...); empty keeps the model's default, except "
+                                       "'eager' with autocast_bf16 on CPU (faster there for short sequences; "
+                                       "set 'sdpa' for long ones, whose eager attention matrices are large).")
     trust_remote_code: bool = opt(False, "Allow model code from the model repository (off: only transformers' "
                                          "own classes run).")
     chat_template: bool = opt(False, "Wrap each prompt as a user message with the tokenizer's chat template "
@@ -89,6 +92,8 @@ class RolloutConfig:
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability.",
                        gt=0, le=1)
     top_k: int = opt(0, "Keep only the k most likely tokens when sampling; 0 keeps all.", ge=0)
+    min_new_tokens: int = opt(0, "EOS cannot be sampled before this many tokens (as in transformers' generate); "
+                                 "at most max_new_tokens.", ge=0)
 
 
 @dataclass
@@ -120,6 +125,12 @@ class TrainConfig:
     micro_batch_size: int = opt(64, "Sequences per forward/backward pass; gradients are accumulated across "
                                     "micro-batches with the step-wide normaliser, so this changes memory, not "
                                     "results.", ge=1)
+    micro_batch_tokens: int = opt(0, "Also cap each micro-batch at this many positions (rows × their longest "
+                                     "prompt + completion), so long completions take fewer rows per pass; 0: no "
+                                     "cap. Changes memory, not results.", ge=0)
+    share_prompt: bool = opt(True, "In the training and reference forward passes, run each group's prompt once "
+                                   "and let its G completions attend to its keys and values (same results, fewer "
+                                   "tokens). Not with gradient checkpointing or FSDP, which run every row in full.")
     lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
     lr_schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Decay after warm-up.")
     warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0)
@@ -239,6 +250,9 @@ def validate(cfg: Config) -> None:
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.rewards):
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but rewards names "
                           f"{len(cfg.rewards)} functions; give one weight per function")
+    if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
+        raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="
+                          f"{cfg.rollout.max_new_tokens}; it must be at most max_new_tokens")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; name at least one reward function")
     for name in cfg.rewards:

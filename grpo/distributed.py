@@ -88,12 +88,15 @@ class LogprobModule(torch.nn.Module):
     pass the loss needs."""
 
     def __init__(self, model, *, fused: bool = True, adapter_off: bool = False, autocast_bf16: bool = False,
-                 train_mode: bool = False):
+                 train_mode: bool = False, share_prompt: bool = False):
         """`adapter_off`: a LoRA model with its adapter disabled (the reference, without a second copy).
-        `train_mode`: run the forward in train mode (gradient checkpointing needs it; dropout is off anyway)."""
+        `train_mode`: run the forward in train mode (gradient checkpointing needs it; dropout is off anyway).
+        `share_prompt`: run each group's prompt once (see `grpo.forward`); not with `train_mode`, where
+        gradient checkpointing switches the KV cache off."""
         super().__init__()
         self.model = model
         self.fused = fused
+        self.share_prompt = share_prompt and not train_mode
         self.adapter_off = adapter_off
         self.autocast_bf16 = autocast_bf16
         self.train_mode = train_mode
@@ -110,7 +113,8 @@ class LogprobModule(torch.nn.Module):
                 self.model.train()
                 stack.callback(self.model.eval)
             return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                       temperature=temperature, chunk_size=chunk_size, fused=self.fused)
+                                       temperature=temperature, chunk_size=chunk_size, fused=self.fused,
+                                       share_prompt=self.share_prompt)
 
 
 def wrap_for_training(model, dist: Dist, sharding: str, **options) -> torch.nn.Module:
@@ -134,6 +138,14 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
     decoder = model.get_decoder()
     layers = getattr(decoder, "layers", None)
     return list(layers) if layers is not None else []
+
+
+def inference(module: torch.nn.Module):
+    """A context without autograd for forward passes through `module`: inference mode (no bookkeeping at all),
+    except for FSDP2-sharded parameters, whose gathered buffers must stay usable by the training passes."""
+    if hasattr(module, "parameters") and any(hasattr(p, "full_tensor") for p in module.parameters()):
+        return torch.no_grad()
+    return torch.inference_mode()
 
 
 def no_sync(module: torch.nn.Module, skip: bool):

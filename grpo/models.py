@@ -36,9 +36,17 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
     if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise DataError(f"model.path {path!r} does not exist")
     source = str(local) if local.exists() else path  # a local directory, or a Hub id
+    device = cfg.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise DataError("model.device='cuda' but PyTorch sees no CUDA device; use model.device=cpu or auto")
     kwargs = {"dtype": getattr(torch, cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
+    elif cfg.autocast_bf16 and device == "cpu":
+        # PyTorch's CPU flash-attention backward is slow in bfloat16 (docs/benchmarks.md)
+        kwargs["attn_implementation"] = "eager"
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
@@ -46,11 +54,6 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
         raise DataError(f"cannot load model.path {path!r}: {' '.join(str(e).split())[:300]}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise DataError("model.device='cuda' but PyTorch sees no CUDA device; use model.device=cpu or auto")
     disable_dropout(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -34,7 +34,7 @@ from grpo.checkpoint import (find_checkpoint, full_model_state, incompatible_key
 from grpo.config import Config, to_yaml
 from grpo.errors import ConfigError, GRPOError
 from grpo.data import PromptStream
-from grpo.distributed import Dist, LogprobModule, no_sync, wrap_for_training
+from grpo.distributed import Dist, LogprobModule, inference, no_sync, wrap_for_training
 from grpo.evaluation import evaluate, example_fields
 from grpo.metrics import RunLogger
 from grpo.models import frozen_copy, is_lora, load_model, prompt_formatter, save_final
@@ -95,10 +95,11 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     # with its adapter disabled
     reference = None
     if cfg.algo.beta > 0:
-        reference = (LogprobModule(policy, adapter_off=True, autocast_bf16=m.autocast_bf16) if is_lora(policy)
-                     else LogprobModule(frozen_copy(policy), autocast_bf16=m.autocast_bf16))
+        reference = LogprobModule(policy if is_lora(policy) else frozen_copy(policy), adapter_off=is_lora(policy),
+                                  autocast_bf16=m.autocast_bf16, share_prompt=cfg.train.share_prompt)
     trainable = wrap_for_training(policy, dist, cfg.train.sharding, autocast_bf16=m.autocast_bf16,
-                                  train_mode=m.gradient_checkpointing)  # plain, DDP or FSDP2
+                                  train_mode=m.gradient_checkpointing,
+                                  share_prompt=cfg.train.share_prompt)  # plain, DDP or FSDP2
     render = prompt_formatter(tokenizer, m)
     generator = HFGenerator(policy, tokenizer, all_finished=lambda done: not dist.any(not done),
                             add_special_tokens=not m.chat_template, autocast_bf16=m.autocast_bf16)
@@ -289,14 +290,23 @@ def _score(cfg: Config, dist: Dist, reward_fns, examples, prompts: list[str], ro
 
 
 def _micro_batches(cfg: Config, rollout: Rollout):
-    """Row slices of at most `micro_batch_size`, each trimmed to its own longest prompt and completion."""
-    n = len(rollout)
-    for s in range(0, n, cfg.train.micro_batch_size):
-        rows = slice(s, min(n, s + cfg.train.micro_batch_size))
-        pm = rollout.prompt_mask[rows]
-        first = int((pm.sum(0) > 0).nonzero()[0]) if pm.any() else pm.shape[1] - 1
-        width = max(1, int(rollout.completion_mask[rows].sum(1).max()))
-        yield rows, slice(first, None), slice(0, width)
+    """Consecutive row slices, each trimmed to its own longest prompt and completion (no padding beyond them):
+    at most `micro_batch_size` rows and, with `micro_batch_tokens`, at most that many positions (rows × trimmed
+    width; a single longer row still makes a micro-batch of its own)."""
+    n, lp = rollout.prompt_ids.shape
+    prompt_len = rollout.prompt_mask.sum(1).clamp(min=1).tolist()
+    completion_len = rollout.completion_mask.sum(1).clamp(min=1).tolist()
+    rows_cap, budget = cfg.train.micro_batch_size, cfg.train.micro_batch_tokens
+    start = 0
+    while start < n:
+        end, wp, wc = start + 1, prompt_len[start], completion_len[start]
+        while end < n and end - start < rows_cap:
+            p, c = max(wp, prompt_len[end]), max(wc, completion_len[end])
+            if budget and (end + 1 - start) * (p + c) > budget:
+                break
+            end, wp, wc = end + 1, p, c
+        yield slice(start, end), slice(lp - wp, None), slice(0, wc)
+        start = end
 
 
 def _mb_logprobs(cfg: Config, module, rollout: Rollout, rows, pcols, ccols) -> torch.Tensor:
@@ -306,11 +316,12 @@ def _mb_logprobs(cfg: Config, module, rollout: Rollout, rows, pcols, ccols) -> t
                   temperature=cfg.rollout.temperature, chunk_size=cfg.model.logprob_chunk_size)
 
 
-@torch.no_grad()
 def _logprobs_no_grad(cfg: Config, module, rollout: Rollout) -> torch.Tensor:
     out = torch.zeros(rollout.completion_ids.shape, dtype=torch.float32, device=rollout.completion_ids.device)
     for rows, pcols, ccols in _micro_batches(cfg, rollout):
-        out[rows, ccols] = _mb_logprobs(cfg, module, rollout, rows, pcols, ccols).float()
+        with inference(module):  # no autograd bookkeeping; the copy into `out` leaves inference mode
+            logp = _mb_logprobs(cfg, module, rollout, rows, pcols, ccols)
+        out[rows, ccols] = logp.float()
     return out
 
 
@@ -410,7 +421,7 @@ def _sample_rows(cfg: Config, examples, batch: StepBatch) -> list[dict]:
 
 def _sampling(cfg: Config) -> Sampling:
     r = cfg.rollout
-    return Sampling(r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k)
+    return Sampling(r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.min_new_tokens)
 
 
 def _shard(batch: list, dist: Dist) -> list:
@@ -421,7 +432,9 @@ def _shard(batch: list, dist: Dist) -> list:
 def _optimizer(cfg: Config, policy):
     t = cfg.train
     params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay)
+    # the fused kernel: one pass per parameter instead of a dozen small ops (FSDP2's DTensors take the default)
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay,
+                                  fused=t.sharding != "fsdp")
 
     def factor(step: int) -> float:
         if step < t.warmup_steps:

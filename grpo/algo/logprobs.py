@@ -56,11 +56,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
 
 
 def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
-                               temperature: float = 1.0, chunk_size: int = 1024) -> torch.Tensor:
+                               temperature: float = 1.0, chunk_size: int = 1024,
+                               matmul_dtype: torch.dtype | None = None) -> torch.Tensor:
     """log softmax((hidden @ weight.T) / temperature)[targets]: (B, T, H), (V, H), (B, T) → (B, T) float32.
 
     `weight` is the output projection (`model.lm_head.weight`, no bias). The (chunk, V) logits exist one
-    chunk at a time; gradients flow to both `hidden` and `weight`.
+    chunk at a time; gradients flow to both `hidden` and `weight`. `matmul_dtype` (e.g. bfloat16, as autocast
+    would use for the projection) is the dtype of the projection's matmuls, forward and backward; the
+    log-softmax and the weight gradient's accumulation stay in float32. None: the inputs' common dtype.
     """
     _check("hidden", hidden, targets, temperature)
     check_tensor("weight", weight, 2)
@@ -70,7 +73,8 @@ def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targe
     _check_range(targets, weight.shape[0])
     check_positive_int("chunk_size", chunk_size)
     b, t, h = hidden.shape
-    out = _HiddenLogprobs.apply(hidden.reshape(b * t, h), weight, targets.reshape(b * t), temperature, chunk_size)
+    out = _HiddenLogprobs.apply(hidden.reshape(b * t, h), weight, targets.reshape(b * t), temperature, chunk_size,
+                                matmul_dtype)
     return out.view(b, t)
 
 
@@ -122,9 +126,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
 
 class _HiddenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, matmul_dtype):
         n = hidden.shape[0]
-        dtype = torch.promote_types(hidden.dtype, weight.dtype)
+        dtype = matmul_dtype or torch.promote_types(hidden.dtype, weight.dtype)
         out = hidden.new_empty(n, dtype=_acc(dtype))
         lse = hidden.new_empty(n, dtype=_acc(dtype))
         with torch.autocast(hidden.device.type, enabled=False):
@@ -134,13 +138,13 @@ class _HiddenLogprobs(torch.autograd.Function):
                 out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(z, targets[s:s + chunk_size],
                                                                               temperature)
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         hidden, weight, targets, lse = ctx.saved_tensors
-        dtype = torch.promote_types(hidden.dtype, weight.dtype)
+        dtype = ctx.dtype
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=_acc(dtype), device=weight.device) \
             if ctx.needs_input_grad[1] else None
@@ -155,4 +159,4 @@ class _HiddenLogprobs(torch.autograd.Function):
                     grad_h[s:e] = dz @ w
                 if grad_w is not None:
                     grad_w += (dz.T @ h).to(grad_w.dtype)
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None

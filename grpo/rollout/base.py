@@ -15,6 +15,7 @@ class Sampling:
     temperature: float = 1.0    # 0 means greedy
     top_p: float = 1.0
     top_k: int = 0              # 0 keeps the whole vocabulary
+    min_new_tokens: int = 0     # EOS is not sampled before this many tokens
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """Rollouts with any `transformers` causal LM: batched sampling with a KV cache.
 
 The prompts of a batch are encoded and prefilled once; the cache is then repeated for the n completions of
-each prompt. Every prompt draws its randomness from its own generator, seeded by the caller (Gumbel-max
-sampling), so a prompt's completions depend on its seed and the model only: not on which other prompts share
-the batch, how the batch is split, or how many processes there are. Masks come from positions: a completion
+each prompt. Every prompt draws its randomness from its own generator, seeded by the caller (one uniform
+number per completion and token, by inverse transform sampling), so a prompt's completions depend on its seed
+and the model only: not on which other prompts share the batch, how the batch is split, or how many processes
+there are. Masks come from positions: a completion
 is loss-bearing up to and including its first EOS, whatever the pad and EOS ids are (SPEC 11, item 4).
 """
 from __future__ import annotations
@@ -12,14 +13,17 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from grpo.distributed import inference
 from grpo.rollout.base import Rollout, Sampling
 
 
 def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor | None) -> torch.Tensor:
     """Next tokens (N,) from logits (N, V): greedy at temperature 0, else top-k / top-p / temperature.
 
-    `uniform` (N, V) holds U(0, 1) noise; argmax(filtered logits / T + Gumbel(noise)) is an exact draw from
-    softmax(filtered logits / T) (the Gumbel-max trick).
+    `uniform` (N,) holds one U(0, 1) number per row; the token is the first whose cumulative probability under
+    softmax(filtered logits / T) exceeds it (inverse transform sampling: an exact draw, with one random number
+    per row where the Gumbel-max trick needs V, and one exponential per logit where it needs two logarithms).
+    A token of probability zero is never drawn: its cumulative probability equals its predecessor's.
     """
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
@@ -32,9 +36,9 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor 
         probs = torch.softmax(sorted_logits, dim=-1)
         drop = probs.cumsum(dim=-1) - probs > sampling.top_p  # keep the smallest prefix reaching top_p
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
-    tiny = torch.finfo(uniform.dtype).tiny
-    gumbel = -torch.log(-torch.log(uniform.clamp(min=tiny, max=1 - 1e-7)))
-    return (logits + gumbel.to(logits.dtype)).argmax(dim=-1)
+    cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
+    target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)  # scaled by the total: no rounding past the end
+    return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
 
 
 class HFGenerator:
@@ -73,9 +77,13 @@ class HFGenerator:
         return parts[0] if len(parts) == 1 else _concat(parts, self.pad_id)
 
     def _generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
-        with torch.no_grad(), torch.autocast(self.model.device.type, dtype=torch.bfloat16,
-                                             enabled=self.autocast_bf16):
-            return self._sample(prompts, sampling, seeds)
+        # inference mode skips autograd's bookkeeping on every op; the results are cloned out of it, as
+        # inference tensors cannot be saved for a backward pass (the training forward embeds these ids)
+        with inference(self.model), torch.autocast(self.model.device.type, dtype=torch.bfloat16,
+                                                    enabled=self.autocast_bf16):
+            r = self._sample(prompts, sampling, seeds)
+        return Rollout(r.prompt_ids.clone(), r.prompt_mask.clone(), r.completion_ids.clone(),
+                       r.completion_mask.clone(), r.truncated.clone(), r.texts)
 
     def _sample(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
         device = self.model.device
@@ -93,18 +101,19 @@ class HFGenerator:
         next_pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, dim=0)
         eos_ids = self.eos_ids.to(device)
         gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-        vocab = logits.shape[-1]
 
-        def noise() -> torch.Tensor | None:  # (N, V): each prompt's n rows from that prompt's generator
+        def noise() -> torch.Tensor | None:  # (N,): each prompt's n rows from that prompt's generator
             if sampling.temperature == 0:
                 return None
-            return torch.cat([torch.rand((n, vocab), generator=g) for g in gens]).to(device)
+            return torch.cat([torch.rand(n, generator=g) for g in gens]).to(device)
 
         total = logits.shape[0]
         finished = torch.zeros(total, dtype=torch.bool, device=device)
         lengths = torch.full((total,), sampling.max_new_tokens, dtype=torch.long, device=device)
         tokens = []
         for t in range(sampling.max_new_tokens):
+            if t < sampling.min_new_tokens:
+                logits = logits.index_fill(-1, eos_ids, float("-inf"))
             nxt = sample_next(logits, sampling, noise())
             nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)

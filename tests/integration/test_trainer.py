@@ -40,6 +40,18 @@ def test_micro_batch_size_changes_nothing(tmp_path, random_model_dir, extra):
             assert a[k] == pytest.approx(b[k], abs=1e-5), k
 
 
+@pytest.mark.parametrize("extra", [["algo.preset=grpo"], ["algo.preset=gspo", "algo.num_iterations=2"]])
+def test_token_budget_and_prompt_sharing_change_nothing(tmp_path, random_model_dir, extra):
+    _, w_whole, rows_whole = run(tmp_path, random_model_dir, "whole", "train.share_prompt=false", *extra)
+    # 9-token budget: one to three rows per pass; groups of 4 split across micro-batches, prompts shared
+    _, w_micro, rows_micro = run(tmp_path, random_model_dir, "budget", "train.micro_batch_tokens=9", *extra)
+    for k in w_whole:
+        assert torch.allclose(w_whole[k], w_micro[k], atol=1e-6), k
+    for a, b in zip(strip_perf(rows_whole), strip_perf(rows_micro)):
+        for k in a:
+            assert a[k] == pytest.approx(b[k], abs=1e-5), k
+
+
 def test_same_seed_same_run_and_another_seed_another(tmp_path, random_model_dir):
     _, w1, rows1 = run(tmp_path, random_model_dir, "a")
     _, w2, rows2 = run(tmp_path, random_model_dir, "b")

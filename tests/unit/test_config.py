@@ -57,6 +57,7 @@ def test_override_values_are_yaml():
     ("rewards=[os:nope_fn]", "rewards: cannot import reward 'os:nope_fn'"),
     ("eval.reward=nope", "eval.reward: unknown reward 'nope'"),
     ("reward_weights=[1, 2]", "reward_weights has 2 values but rewards names 1 functions"),
+    ("rollout.min_new_tokens=33", "rollout.min_new_tokens=33 is more than rollout.max_new_tokens=32"),
     ("model=3", "model must be a mapping of keys, got int"),
     ("noequals", "override 'noequals' is not of the form dotted.key=value"),
     ("train.steps=[1", "override 'train.steps=[1': the value is not valid YAML"),

@@ -76,6 +76,25 @@ def test_bf16_inputs_keep_their_dtype_for_gradients():
     assert logits.grad.dtype == torch.bfloat16
 
 
+def test_from_hidden_bf16_matmuls_match_bf16_logits():
+    # what autocast gives an nn.Linear output projection: bfloat16 logits, then float32 log-probs
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 5, 16, requires_grad=True)
+    weight = torch.randn(40, 16, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 5))
+    w = torch.randn(2, 5)
+    out = token_logprobs_from_hidden(hidden, weight, targets, chunk_size=3, matmul_dtype=torch.bfloat16)
+    ref = reference((hidden.bfloat16() @ weight.bfloat16().T).float(), targets)
+    assert out.dtype == torch.float32 and torch.allclose(out, ref.float(), atol=1e-5)
+    g = torch.autograd.grad((out * w).sum(), (hidden, weight))
+    g_ref = torch.autograd.grad((ref * w).sum(), (hidden, weight))
+    exact = torch.autograd.grad((reference(hidden @ weight.T, targets) * w).sum(), (hidden, weight))
+    for a, b, c in zip(g, g_ref, exact):
+        assert a.dtype == torch.float32
+        # the backward matmuls also run in bfloat16: within bfloat16 rounding of the float32 gradient
+        assert torch.allclose(a, b, atol=0.05, rtol=0.02) and torch.allclose(a, c, atol=0.1, rtol=0.05)
+
+
 def _largest_allocation(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -76,6 +76,16 @@ def test_generation_stops_when_every_row_has_ended(tok):
     assert r.completion_ids.shape == (2, 4) and not r.truncated.any()
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_min_new_tokens_holds_eos_back(tok, temperature):
+    # "bb" wants EOS at once; with min_new_tokens=3 it may end at the 4th token at the earliest
+    r = scripted(tok).generate(["a", "bb"], Sampling(n=2, max_new_tokens=6, temperature=temperature,
+                                                     min_new_tokens=3), seeds=[0, 1])
+    assert r.lengths.tolist() == [4, 4, 4, 4] and not r.truncated.any()
+    assert (r.completion_ids[2:, :3] != tok.eos_token_id).all()
+    assert (r.completion_ids[2:, 3] == tok.eos_token_id).all()
+
+
 def test_batches_of_prompts_are_joined(tok):
     gen = scripted(tok)
     gen.max_batch_prompts = 1
@@ -132,7 +142,7 @@ def test_sample_next_top_p_and_top_k():
     rng = torch.Generator().manual_seed(0)
 
     def drawn(sampling):
-        d = sample_next(logits, sampling, torch.rand(logits.shape, generator=rng)).view(400, 2)
+        d = sample_next(logits, sampling, torch.rand(len(logits), generator=rng)).view(400, 2)
         return set(d[:, 0].tolist()), set(d[:, 1].tolist())
 
     # nucleus = the smallest set of most likely tokens whose probability reaches top_p
@@ -143,12 +153,20 @@ def test_sample_next_top_p_and_top_k():
     assert sample_next(two, Sampling(1, 1, temperature=0.0), None).tolist() == [0, 1]
 
 
-def test_gumbel_max_draws_follow_softmax_of_logits_over_temperature():
-    probs = torch.tensor([0.6, 0.3, 0.1])
+def test_draws_follow_softmax_of_logits_over_temperature():
+    probs = torch.tensor([0.6, 0.3, 0.1, 0.0])
     logits = torch.log(probs).repeat(40000, 1)
     rng = torch.Generator().manual_seed(0)
     for temperature in (1.0, 0.5):
-        d = sample_next(logits, Sampling(1, 1, temperature=temperature), torch.rand(logits.shape, generator=rng))
+        d = sample_next(logits, Sampling(1, 1, temperature=temperature), torch.rand(len(logits), generator=rng))
         expect = torch.softmax(torch.log(probs) / temperature, -1)
-        freq = torch.bincount(d, minlength=3).float() / len(d)
+        freq = torch.bincount(d, minlength=4).float() / len(d)
         assert torch.allclose(freq, expect, atol=0.01), (temperature, freq, expect)
+        assert freq[3] == 0
+
+
+def test_inverse_transform_edges():
+    logits = torch.log(torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]))
+    at = lambda u: sample_next(logits, Sampling(1, 1), torch.tensor([u])).item()  # noqa: E731
+    # zero-probability tokens are never drawn, at either end of the unit interval or at the boundary
+    assert [at(0.0), at(0.49), at(0.5), at(0.99), at(1.0 - 2**-24)] == [1, 1, 3, 3, 3]
