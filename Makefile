@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup train test bench clean
+.PHONY: setup train test bench bench-trl clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,14 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/logprobs_memory.py
+
+# ours against TRL's GRPOTrainer on identical work (installs the `bench` extra: TRL and accelerate), then what
+# each of our choices is worth, then the accuracy cost of bf16 autocast
+bench-trl: setup
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	$(BIN)/python benchmarks/vs_trl.py
+	$(BIN)/python benchmarks/ablations.py
+	$(BIN)/python benchmarks/bf16_accuracy.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .hypothesis
