@@ -93,10 +93,14 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     m = cfg.model
     # the reference is the initial policy (before any resume or sharding), frozen; with LoRA, the same model
     # with its adapter disabled
+    # the reference computes its log-probs the way the policy's training pass does (full rows under FSDP or
+    # gradient checkpointing, full logits under FSDP), so at the first step the two agree bit for bit
+    sharded = cfg.train.sharding == "fsdp"
+    share = cfg.train.share_prompt and not (sharded or m.gradient_checkpointing)
     reference = None
     if cfg.algo.beta > 0:
         reference = LogprobModule(policy if is_lora(policy) else frozen_copy(policy), adapter_off=is_lora(policy),
-                                  autocast_bf16=m.autocast_bf16, share_prompt=cfg.train.share_prompt)
+                                  autocast_bf16=m.autocast_bf16, fused=not sharded, share_prompt=share)
     trainable = wrap_for_training(policy, dist, cfg.train.sharding, autocast_bf16=m.autocast_bf16,
                                   train_mode=m.gradient_checkpointing,
                                   share_prompt=cfg.train.share_prompt)  # plain, DDP or FSDP2
@@ -432,9 +436,9 @@ def _shard(batch: list, dist: Dist) -> list:
 def _optimizer(cfg: Config, policy):
     t = cfg.train
     params = [p for p in policy.parameters() if p.requires_grad]
-    # the fused kernel: one pass per parameter instead of a dozen small ops (FSDP2's DTensors take the default)
+    # the fused kernel: one pass per parameter instead of a dozen small ops (FSDP2's DTensors included)
     optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(t.adam_beta1, t.adam_beta2), weight_decay=t.weight_decay,
-                                  fused=t.sharding != "fsdp")
+                                  fused=True)
 
     def factor(step: int) -> float:
         if step < t.warmup_steps:
