@@ -30,26 +30,26 @@ def strip_perf(rows):
     ["algo.preset=grpo", "algo.num_iterations=2"], ["algo.scale=rloo", "algo.mask_truncated=true"],
 ])
 def test_micro_batch_size_changes_nothing(tmp_path, random_model_dir, extra):
-    _, w_whole, rows_whole = run(tmp_path, random_model_dir, "whole", "train.micro_batch_size=64", *extra)
-    _, w_micro, rows_micro = run(tmp_path, random_model_dir, "micro", "train.micro_batch_size=5", *extra)
-    for k in w_whole:
-        assert torch.allclose(w_whole[k], w_micro[k], atol=1e-6), k
-    for a, b in zip(strip_perf(rows_whole), strip_perf(rows_micro)):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert a[k] == pytest.approx(b[k], abs=1e-5), k
+    assert_same_run(run(tmp_path, random_model_dir, "whole", "train.micro_batch_size=64", *extra),
+                    run(tmp_path, random_model_dir, "micro", "train.micro_batch_size=5", *extra))
+
+
+def assert_same_run(a, b):
+    """Weights within 1e-6 and every logged figure within 1e-5, timings aside."""
+    (_, w_a, rows_a), (_, w_b, rows_b) = a, b
+    for k in w_a:
+        assert torch.allclose(w_a[k], w_b[k], atol=1e-6), k
+    for ra, rb in zip(strip_perf(rows_a), strip_perf(rows_b)):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            assert ra[k] == pytest.approx(rb[k], abs=1e-5), k
 
 
 @pytest.mark.parametrize("extra", [["algo.preset=grpo"], ["algo.preset=gspo", "algo.num_iterations=2"]])
 def test_token_budget_and_prompt_sharing_change_nothing(tmp_path, random_model_dir, extra):
-    _, w_whole, rows_whole = run(tmp_path, random_model_dir, "whole", "train.share_prompt=false", *extra)
+    whole = run(tmp_path, random_model_dir, "whole", "train.share_prompt=false", *extra)
     # 9-token budget: one to three rows per pass; groups of 4 split across micro-batches, prompts shared
-    _, w_micro, rows_micro = run(tmp_path, random_model_dir, "budget", "train.micro_batch_tokens=9", *extra)
-    for k in w_whole:
-        assert torch.allclose(w_whole[k], w_micro[k], atol=1e-6), k
-    for a, b in zip(strip_perf(rows_whole), strip_perf(rows_micro)):
-        for k in a:
-            assert a[k] == pytest.approx(b[k], abs=1e-5), k
+    assert_same_run(whole, run(tmp_path, random_model_dir, "budget", "train.micro_batch_tokens=9", *extra))
 
 
 def test_same_seed_same_run_and_another_seed_another(tmp_path, random_model_dir):
