@@ -45,19 +45,11 @@ VARIANTS = {
 
 
 def worker(case_name: str, overrides: list[str], model_dir: Path, prompts: Path) -> None:
-    from grpo import load_config, train
-
+    """One run of our trainer with vs_trl's settings for the case, then `overrides` (later keys win)."""
     case = vs_trl.CASES[case_name]
     clock = vs_trl.StepClock()
-    steps = case["warmup"] + case["measured"] + 1
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = load_config(None, [
-            f"model.path={model_dir}", f"data.path={prompts}", f"rollout.group_size={case['G']}",
-            f"rollout.max_new_tokens={case['T']}", f"rollout.min_new_tokens={case['T']}",
-            f"train.prompts_per_step={case['P']}", f"train.steps={steps}", f"train.lr={vs_trl.LR}",
-            f"algo.beta={vs_trl.BETA}", f"train.output_dir={tmp}", "log.progress=false", "log.samples_every=0",
-            *overrides])
-        train(cfg, rewards=[clock])
+        vs_trl.run_grpo(case, model_dir, prompts, False, "", Path(tmp), clock, overrides)
     gaps = [b - a for a, b in zip(clock.times, clock.times[1:])][case["warmup"]:]
     json.dump({"step_seconds": gaps, "peak_rss_mib": vs_trl.maxrss_mib()}, sys.stdout)
 

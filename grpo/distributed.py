@@ -89,14 +89,15 @@ class LogprobModule(torch.nn.Module):
 
     def __init__(self, model, *, fused: bool = True, adapter_off: bool = False, autocast_bf16: bool = False,
                  train_mode: bool = False, share_prompt: bool = False):
-        """`adapter_off`: a LoRA model with its adapter disabled (the reference, without a second copy).
+        """`fused`: log-probs from hidden states (False: full logits, which sharded parameters need).
+        `adapter_off`: a LoRA model with its adapter disabled (the reference, without a second copy).
         `train_mode`: run the forward in train mode (gradient checkpointing needs it; dropout is off anyway).
-        `share_prompt`: run each group's prompt once (see `grpo.forward`); not with `train_mode`, where
-        gradient checkpointing switches the KV cache off."""
+        `share_prompt`: run each group's prompt once (see `grpo.forward`); it needs a KV cache, which gradient
+        checkpointing in train mode switches off."""
         super().__init__()
         self.model = model
         self.fused = fused
-        self.share_prompt = share_prompt and not train_mode
+        self.share_prompt = share_prompt
         self.adapter_off = adapter_off
         self.autocast_bf16 = autocast_bf16
         self.train_mode = train_mode
@@ -128,7 +129,7 @@ def wrap_for_training(model, dist: Dist, sharding: str, **options) -> torch.nn.M
             fully_shard(layer)
         fully_shard(model)
         # sharded parameters are gathered by the root's forward: go through it (full logits, chunked log-probs)
-        return LogprobModule(model, fused=False, **options)
+        return LogprobModule(model, **{**options, "fused": False})
     from torch.nn.parallel import DistributedDataParallel
     ids = [dist.local_rank] if dist.backend == "nccl" else None
     return DistributedDataParallel(LogprobModule(model, **options), device_ids=ids)
@@ -143,7 +144,8 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
 def inference(module: torch.nn.Module):
     """A context without autograd for forward passes through `module`: inference mode (no bookkeeping at all),
     except for FSDP2-sharded parameters, whose gathered buffers must stay usable by the training passes."""
-    if hasattr(module, "parameters") and any(hasattr(p, "full_tensor") for p in module.parameters()):
+    first = next(module.parameters(), None) if hasattr(module, "parameters") else None
+    if hasattr(first, "full_tensor"):  # FSDP2 shards every parameter: the first one tells
         return torch.no_grad()
     return torch.inference_mode()
 

@@ -91,19 +91,20 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     task = load_task(cfg.data, cfg.train.seed)
     policy, tokenizer = load_model(cfg.model, cfg.lora)
     m = cfg.model
+    # how log-probs are computed, the same for the reference and the training pass, so at the first step the
+    # two agree bit for bit: full logits under FSDP (the root's forward gathers the shards), full rows under
+    # FSDP or gradient checkpointing (no KV cache in train mode)
+    sharded = cfg.train.sharding == "fsdp"
+    path = dict(fused=not sharded, autocast_bf16=m.autocast_bf16,
+                share_prompt=cfg.train.share_prompt and not (sharded or m.gradient_checkpointing))
     # the reference is the initial policy (before any resume or sharding), frozen; with LoRA, the same model
     # with its adapter disabled
-    # the reference computes its log-probs the way the policy's training pass does (full rows under FSDP or
-    # gradient checkpointing, full logits under FSDP), so at the first step the two agree bit for bit
-    sharded = cfg.train.sharding == "fsdp"
-    share = cfg.train.share_prompt and not (sharded or m.gradient_checkpointing)
     reference = None
     if cfg.algo.beta > 0:
         reference = LogprobModule(policy if is_lora(policy) else frozen_copy(policy), adapter_off=is_lora(policy),
-                                  autocast_bf16=m.autocast_bf16, fused=not sharded, share_prompt=share)
-    trainable = wrap_for_training(policy, dist, cfg.train.sharding, autocast_bf16=m.autocast_bf16,
-                                  train_mode=m.gradient_checkpointing,
-                                  share_prompt=cfg.train.share_prompt)  # plain, DDP or FSDP2
+                                  **path)
+    trainable = wrap_for_training(policy, dist, cfg.train.sharding, train_mode=m.gradient_checkpointing,
+                                  **path)  # plain, DDP or FSDP2
     render = prompt_formatter(tokenizer, m)
     generator = HFGenerator(policy, tokenizer, all_finished=lambda done: not dist.any(not done),
                             add_special_tokens=not m.chat_template, autocast_bf16=m.autocast_bf16)
