@@ -28,6 +28,7 @@ VARIANTS = {
         "1 thread": ["train.threads=1"],
         "bf16 autocast": ["model.autocast_bf16=true"],
         "beta = 0 (no reference pass)": ["algo.beta=0"],
+        "transformers' decoding steps": ["rollout.lean_decoding=false"],
     },
     "8m": {
         "defaults (fp32)": [],
@@ -36,6 +37,7 @@ VARIANTS = {
         "bf16 autocast (eager attention)": ["model.autocast_bf16=true"],
         "bf16 autocast, sdpa attention": ["model.autocast_bf16=true", "model.attn_implementation=sdpa"],
         "bf16, no prompt sharing": ["model.autocast_bf16=true", "train.share_prompt=false"],
+        "bf16, transformers' decoding steps": ["model.autocast_bf16=true", "rollout.lean_decoding=false"],
     },
     "memory": {
         "defaults (fp32)": [],

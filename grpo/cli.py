@@ -110,7 +110,7 @@ def _load(cfg):
 
     model, tokenizer = load_model(cfg.model)
     generator = HFGenerator(model, tokenizer, add_special_tokens=not cfg.model.chat_template,
-                            autocast_bf16=cfg.model.autocast_bf16)
+                            autocast_bf16=cfg.model.autocast_bf16, lean=cfg.rollout.lean_decoding)
     return generator, load_task(cfg.data, cfg.train.seed), prompt_formatter(tokenizer, cfg.model)
 
 

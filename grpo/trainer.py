@@ -107,7 +107,8 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
                                   **path)  # plain, DDP or FSDP2
     render = prompt_formatter(tokenizer, m)
     generator = HFGenerator(policy, tokenizer, all_finished=lambda done: not dist.any(not done),
-                            add_special_tokens=not m.chat_template, autocast_bf16=m.autocast_bf16)
+                            add_special_tokens=not m.chat_template, autocast_bf16=m.autocast_bf16,
+                            lean=cfg.rollout.lean_decoding)
     if rewards is not None:
         reward_fns = [(reward_name(f), f) for f in rewards]
     else:

@@ -15,6 +15,7 @@ import torch
 
 from grpo.distributed import inference
 from grpo.rollout.base import Rollout, Sampling
+from grpo.rollout.lean import LeanDecoding
 
 
 def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor | None) -> torch.Tensor:
@@ -46,14 +47,17 @@ class HFGenerator:
 
     def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256,
                  all_finished: Callable[[bool], bool] | None = None, add_special_tokens: bool = True,
-                 autocast_bf16: bool = False):
-        """`all_finished(done)`: with several processes whose forward passes are collective (FSDP), True only
+                 autocast_bf16: bool = False, lean: bool = True):
+        """`lean`: decode with `grpo.rollout.lean` where the architecture allows (same logits, less overhead per
+        step); otherwise, and always when False, with the model's own forward.
+        `all_finished(done)`: with several processes whose forward passes are collective (FSDP), True only
         when every process's batch is done, so all of them run the same number of decoding steps.
         `add_special_tokens=False` for prompts already rendered by a chat template (which adds BOS itself)."""
         self.model = model
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
         self.autocast_bf16 = autocast_bf16
+        self.lean = lean
         self.max_batch_prompts = max_batch_prompts
         self.all_finished = all_finished or (lambda done: done)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
@@ -100,28 +104,31 @@ class HFGenerator:
         attn = prompt_mask.repeat_interleave(n, dim=0)
         next_pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, dim=0)
         eos_ids = self.eos_ids.to(device)
-        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-
-        def noise() -> torch.Tensor | None:  # (N,): each prompt's n rows from that prompt's generator
-            if sampling.temperature == 0:
-                return None
-            return torch.cat([torch.rand(n, generator=g) for g in gens]).to(device)
+        steps = sampling.max_new_tokens
+        noise = None  # (steps, N): each prompt's n rows from that prompt's generator, one row of draws a step
+        if sampling.temperature > 0:
+            gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+            noise = torch.cat([torch.rand(steps, n, generator=g) for g in gens], dim=1).to(device)
+        lean = LeanDecoding.start(self.model, cache, attn, steps) if self.lean else None
 
         total = logits.shape[0]
         finished = torch.zeros(total, dtype=torch.bool, device=device)
         lengths = torch.full((total,), sampling.max_new_tokens, dtype=torch.long, device=device)
         tokens = []
-        for t in range(sampling.max_new_tokens):
+        for t in range(steps):
             if t < sampling.min_new_tokens:
                 logits = logits.index_fill(-1, eos_ids, float("-inf"))
-            nxt = sample_next(logits, sampling, noise())
+            nxt = sample_next(logits, sampling, None if noise is None else noise[t])
             nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
             stop = ~finished & torch.isin(nxt, eos_ids)
             lengths[stop] = t + 1
             finished |= stop
-            if self.all_finished(bool(finished.all())) or t + 1 == sampling.max_new_tokens:
+            if self.all_finished(bool(finished.all())) or t + 1 == steps:
                 break
+            if lean is not None:
+                logits = lean.step(nxt)
+                continue
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
             out = self.model(input_ids=nxt.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
                              past_key_values=cache, use_cache=True)
