@@ -4,8 +4,9 @@ Both trainers train the same locally built, randomly initialised Qwen2 model on 
 shape per step: P prompts × G completions × exactly T new tokens (EOS is held back until the T-th token by
 `min_new_tokens` in both, so neither gets shorter work), β = 0.04, the same learning rate, AdamW betas and
 gradient clipping, one optimiser step per batch (μ = 1), DeepSeekMath's per-sequence token mean. TRL runs in
-float32 and with `bf16=True` (on this CPU via `use_cpu=True`); we run with our defaults in float32 and with
-`model.autocast_bf16=true`. Every run is a fresh process; the runners alternate, in a rotated order, `--repeats`
+float32 and with `bf16=True` (on this CPU via `use_cpu=True`), with its other defaults (gradient checkpointing
+included), and, except in the memory case, also with eager attention and without gradient checkpointing; we run
+with our defaults in float32 and with `model.autocast_bf16=true`. Every run is a fresh process; the runners alternate, in a rotated order, `--repeats`
 times per case.
 
 Measured per run:
@@ -68,9 +69,15 @@ RUNNERS = {
     "trl bf16 eager": ("trl", True, "eager"),
     # the memory setting: micro-batches of at most 2048 positions (train.micro_batch_tokens), same work per step
     "grpo fp32 2k": ("grpo", False, ""),
+    # TRL's GRPOConfig turns gradient checkpointing on by default (recomputing activations in the backward pass:
+    # less memory, more time); these runs switch it off, to show what it costs TRL's speed and saves its memory
+    "trl fp32 no-ckpt": ("trl", False, ""),
+    "trl bf16 no-ckpt": ("trl", True, ""),
 }
-DEFAULT_RUNNERS = ["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager"]
+DEFAULT_RUNNERS = ["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager", "trl fp32 no-ckpt",
+                   "trl bf16 no-ckpt"]
 EXTRA_OVERRIDES = {"grpo fp32 2k": ["train.micro_batch_tokens=2048"]}
+TRL_EXTRA = {"trl fp32 no-ckpt": {"gradient_checkpointing": False}, "trl bf16 no-ckpt": {"gradient_checkpointing": False}}
 TRL_SETTINGS = ("trl fp32", "trl bf16")  # the two settings the comparison is judged against
 
 
@@ -191,7 +198,7 @@ def run_grpo(case: dict, model_dir: Path, prompts_file: Path, bf16: bool, attn: 
 
 
 def run_trl(case: dict, model_dir: Path, prompts: list[str], bf16: bool, attn: str, out: Path,
-            clock: StepClock) -> dict:
+            clock: StepClock, extra: dict | None = None) -> dict:
     import transformers
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -205,7 +212,7 @@ def run_trl(case: dict, model_dir: Path, prompts: list[str], bf16: bool, attn: s
         generation_kwargs={"min_new_tokens": case["T"]}, temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.99, max_grad_norm=1.0,
-        beta=BETA, num_iterations=1, epsilon=0.2, loss_type="grpo", scale_rewards="group",
+        beta=BETA, num_iterations=1, epsilon=0.2, loss_type="grpo", scale_rewards="group", **(extra or {}),
     )
     kwargs = {"attn_implementation": attn} if attn else {}
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
@@ -227,7 +234,7 @@ def worker(args) -> None:
                              EXTRA_OVERRIDES.get(args.runner, []))
         else:
             prompts = [json.loads(line)["question"] for line in args.prompts.read_text().splitlines()]
-            extra = run_trl(case, args.model_dir, prompts, bf16, attn, Path(tmp), clock)
+            extra = run_trl(case, args.model_dir, prompts, bf16, attn, Path(tmp), clock, TRL_EXTRA.get(args.runner))
     gaps = [b - a for a, b in zip(clock.times, clock.times[1:])][case["warmup"]:]
     json.dump({"step_seconds": gaps, "peak_rss_mib": maxrss_mib(), "threads": torch.get_num_threads(), **extra},
               sys.stdout)
