@@ -7,9 +7,10 @@ the decoding steps (not the prefill, which transformers does once per batch) of 
 are exactly "x += attn(norm(x)); x += mlp(norm(x))" with rotary embeddings: Llama, Qwen2 and Mistral, with full
 attention. It uses the model's own weights, its rotary embedding, norms and activation, and the attention of its
 `attn_implementation` (SDPA, or the eager matmul-softmax-matmul), in the same order as transformers' code. The
-query, key and value projections run as one matmul over a copy of their weights made per batch (a few percent of
-the model's size; the MLP's larger projections are not copied). Keys and values go into buffers sized for the
-whole completion, written in place. The tests check its logits and tokens against transformers' forward.
+query, key and value projections run as one matmul over a copy of their weights made per batch (at most a quarter
+of the layers' weights, much less with grouped-query attention; the MLP's larger projections are not copied).
+Keys and values go into buffers sized for the whole completion, written in place. The tests check its logits and
+tokens against transformers' forward.
 
 Any other model (other architectures, LoRA layers, sharded parameters, sliding windows, quantised or fused
 linear layers) gets None from `LeanDecoding.start` and decodes with transformers' forward.
@@ -24,7 +25,7 @@ ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 def supported(model) -> bool:
     """Whether `model`'s decoding steps can run here: a plain (unwrapped) Llama, Qwen2 or Mistral causal LM
-    with full attention, SiLU-gated MLPs, plain `nn.Linear` layers and unsharded parameters."""
+    with full attention, gated MLPs, plain `nn.Linear` layers and unsharded parameters."""
     cfg = getattr(model, "config", None)
     base = getattr(model, "model", None)
     if cfg is None or getattr(cfg, "model_type", None) not in ARCHITECTURES or base is None:
@@ -38,7 +39,7 @@ def supported(model) -> bool:
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return False
     head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear or not hasattr(base, "rotary_emb") or not hasattr(base, "embed_tokens"):
+    if type(head) is not torch.nn.Linear or not all(hasattr(base, a) for a in ("rotary_emb", "embed_tokens", "layers")):
         return False
     for layer in base.layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
