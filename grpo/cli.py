@@ -133,16 +133,14 @@ def _eval(cfg, args) -> int:
 
 
 def _sample(cfg, args) -> int:
-    from grpo.rollout import SAMPLE, Sampling, sampling_seed
+    from grpo.rollout import SAMPLE, rollout_sampling, sampling_seed
 
     if args.n < 1:
         raise GRPOError(f"-n must be at least 1, got {args.n}")
     generator, task, render = _load(cfg)
     prompts = args.prompt or [e.prompt for e in (task.eval or task.train)[:4]]
-    r = cfg.rollout
     seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(prompts))]
-    sampling = Sampling(args.n, r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.min_new_tokens)
-    rollout = generator.generate([render(p) for p in prompts], sampling, seeds)
+    rollout = generator.generate([render(p) for p in prompts], rollout_sampling(cfg.rollout, args.n), seeds)
     for i, prompt in enumerate(prompts):
         print(prompt)
         for text in rollout.texts[i * args.n:(i + 1) * args.n]:

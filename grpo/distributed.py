@@ -141,13 +141,17 @@ def _decoder_layers(model) -> list[torch.nn.Module]:
     return list(layers) if layers is not None else []
 
 
+def is_sharded(module) -> bool:
+    """Whether any of `module`'s parameters is an FSDP2 shard (a DTensor). Any, not the first: after a forward
+    the root module's parameters (embeddings, final norm) can stay gathered as plain tensors while the decoder
+    layers' are shards."""
+    return hasattr(module, "parameters") and any(hasattr(p, "full_tensor") for p in module.parameters())
+
+
 def inference(module: torch.nn.Module):
     """A context without autograd for forward passes through `module`: inference mode (no bookkeeping at all),
     except for FSDP2-sharded parameters, whose gathered buffers must stay usable by the training passes."""
-    first = next(module.parameters(), None) if hasattr(module, "parameters") else None
-    if hasattr(first, "full_tensor"):  # FSDP2 shards every parameter: the first one tells
-        return torch.no_grad()
-    return torch.inference_mode()
+    return torch.no_grad() if is_sharded(module) else torch.inference_mode()
 
 
 def no_sync(module: torch.nn.Module, skip: bool):

@@ -39,7 +39,7 @@ from grpo.evaluation import evaluate, example_fields
 from grpo.metrics import RunLogger
 from grpo.models import frozen_copy, is_lora, load_model, prompt_formatter, save_final
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name, score
-from grpo.rollout import TRAIN, HFGenerator, Rollout, Sampling, sampling_seed
+from grpo.rollout import TRAIN, HFGenerator, Rollout, rollout_sampling, sampling_seed
 from grpo.tasks import load_task
 
 
@@ -159,6 +159,7 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     if ckpt is None:
         result.initial_eval = run_eval(0)
         logger.log(0, result.initial_eval)
+    sampling = rollout_sampling(cfg.rollout, cfg.rollout.group_size)
     with GracefulStop() as stop:
         for step in range(state["step"] + 1, cfg.train.steps + 1):
             start = time.perf_counter()
@@ -168,7 +169,7 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
             seeds = _shard([sampling_seed(cfg.train.seed, TRAIN, first + i) for i in range(cfg.train.prompts_per_step)],
                            dist)
             prompts = [render(e.prompt) for e in examples]
-            rollout = generator.generate(prompts, _sampling(cfg), seeds)
+            rollout = generator.generate(prompts, sampling, seeds)
             rollout_seconds = time.perf_counter() - start
             # 3-4. rewards and advantages
             batch = _score(cfg, dist, reward_fns, examples, prompts, rollout)
@@ -424,11 +425,6 @@ def _sample_rows(cfg: Config, examples, batch: StepBatch) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------------------------
 # set-up helpers
-
-def _sampling(cfg: Config) -> Sampling:
-    r = cfg.rollout
-    return Sampling(r.group_size, r.max_new_tokens, r.temperature, r.top_p, r.top_k, r.min_new_tokens)
-
 
 def _shard(batch: list, dist: Dist) -> list:
     k = len(batch) // dist.world_size

@@ -18,6 +18,12 @@ class Sampling:
     min_new_tokens: int = 0     # EOS is not sampled before this many tokens
 
 
+def rollout_sampling(rollout, n: int) -> Sampling:
+    """The sampling settings of a `rollout.*` config section (`grpo.config.RolloutConfig`), n completions a prompt."""
+    return Sampling(n, rollout.max_new_tokens, rollout.temperature, rollout.top_p, rollout.top_k,
+                    rollout.min_new_tokens)
+
+
 @dataclass
 class Rollout:
     """N = prompts × n completions, prompt by prompt (the n completions of a prompt are consecutive)."""

@@ -4,8 +4,8 @@ The prompts of a batch are encoded and prefilled once; the cache is then repeate
 each prompt. Every prompt draws its randomness from its own generator, seeded by the caller (one uniform
 number per completion and token, by inverse transform sampling), so a prompt's completions depend on its seed
 and the model only: not on which other prompts share the batch, how the batch is split, or how many processes
-there are. Masks come from positions: a completion
-is loss-bearing up to and including its first EOS, whatever the pad and EOS ids are (SPEC 11, item 4).
+there are. Masks come from positions: a completion is loss-bearing up to and including its first EOS, whatever
+the pad and EOS ids are (SPEC 11, item 4).
 """
 from __future__ import annotations
 
@@ -113,7 +113,7 @@ class HFGenerator:
 
         total = logits.shape[0]
         finished = torch.zeros(total, dtype=torch.bool, device=device)
-        lengths = torch.full((total,), sampling.max_new_tokens, dtype=torch.long, device=device)
+        lengths = torch.full((total,), steps, dtype=torch.long, device=device)
         tokens = []
         for t in range(steps):
             if t < sampling.min_new_tokens:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from grpo.distributed import is_sharded
+
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
 
@@ -49,7 +51,7 @@ def supported(model) -> bool:
             return False
         if getattr(attn, "sliding_window", None) is not None or hasattr(attn, "q_norm"):
             return False
-    return not any(hasattr(p, "full_tensor") for p in model.parameters())  # FSDP2 shards every parameter
+    return not is_sharded(model)
 
 
 class LeanDecoding:
