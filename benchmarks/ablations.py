@@ -29,6 +29,7 @@ VARIANTS = {
         "bf16 autocast": ["model.autocast_bf16=true"],
         "beta = 0 (no reference pass)": ["algo.beta=0"],
         "transformers' decoding steps": ["rollout.lean_decoding=false"],
+        "transformers' training and reference forward": ["train.lean_forward=false"],
     },
     "8m": {
         "defaults (fp32)": [],
@@ -38,6 +39,8 @@ VARIANTS = {
         "bf16 autocast, sdpa attention": ["model.autocast_bf16=true", "model.attn_implementation=sdpa"],
         "bf16, no prompt sharing": ["model.autocast_bf16=true", "train.share_prompt=false"],
         "bf16, transformers' decoding steps": ["model.autocast_bf16=true", "rollout.lean_decoding=false"],
+        "bf16, transformers' training and reference forward": ["model.autocast_bf16=true",
+                                                               "train.lean_forward=false"],
     },
     "memory": {
         "defaults (fp32)": [],

@@ -6,8 +6,9 @@ shape per step: P prompts × G completions × exactly T new tokens (EOS is held 
 gradient clipping, one optimiser step per batch (μ = 1), DeepSeekMath's per-sequence token mean. TRL runs in
 float32 and with `bf16=True` (on this CPU via `use_cpu=True`), with its other defaults (gradient checkpointing
 included), and, except in the memory case, also with eager attention and without gradient checkpointing; we run
-with our defaults in float32 and with `model.autocast_bf16=true`. Every run is a fresh process; the runners alternate, in a rotated order, `--repeats`
-times per case.
+with our defaults in float32 and with `model.autocast_bf16=true`. Every run is a fresh process; the runners
+alternate, in a rotated order, several times per case (`--repeats`; by default 5 times for 1m, where a step
+takes 0.1-0.2 s and timing noise matters most, 3 for 8m and 2 for the memory case).
 
 Measured per run:
 - seconds per step: the wall time between consecutive calls of the reward function (called once per step by
@@ -51,11 +52,11 @@ BETA = 0.04
 CASES = {
     # name: shape per step, model, and (warm-up steps, measured steps)
     "1m": dict(P=4, G=8, T=16, vocab=0, hidden=128, intermediate=512, layers=4, heads=4, kv_heads=2,
-               warmup=3, measured=12),
+               warmup=3, measured=12, repeats=5),  # 0.1-0.2 s a step: timing noise matters most here
     "8m": dict(P=8, G=8, T=32, vocab=0, hidden=256, intermediate=1024, layers=8, heads=8, kv_heads=4,
                warmup=2, measured=6),
     "memory": dict(P=4, G=8, T=256, vocab=32000, hidden=256, intermediate=1024, layers=4, heads=4, kv_heads=2,
-                   warmup=1, measured=1, repeats=2,  # 10-30 s a step: fewer steps and alternations
+                   warmup=1, measured=1, repeats=2, max_repeats=2,  # 10-30 s a step: fewer steps and runs
                    runners=["grpo fp32", "grpo bf16", "grpo fp32 2k", "trl fp32", "trl bf16"]),
 }
 RUNNERS = {
@@ -248,8 +249,8 @@ def main() -> None:
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated, from: " + ", ".join(CASES))
     p.add_argument("--runners", default="", help="comma-separated, from: " + ", ".join(RUNNERS)
                    + "; default: each case's own list")
-    p.add_argument("--repeats", type=int, default=3, help="runs of each runner per case, alternating (at most 2 "
-                                                          "for the memory case)")
+    p.add_argument("--repeats", type=int, default=0, help="runs of each runner per case, alternating; default: "
+                                                          "5 for 1m, 3 for 8m, 2 for memory (at most 2 there)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "vs_trl")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
@@ -280,7 +281,9 @@ def main() -> None:
             flops = step_flops(info, case, prompt_len)
             runners = args.runners.split(",") if args.runners else case.get("runners", DEFAULT_RUNNERS)
             runs: dict[str, list[dict]] = {r: [] for r in runners}
-            for rep in range(min(args.repeats, case.get("repeats", args.repeats))):
+            repeats = args.repeats or case.get("repeats", 3)
+            repeats = min(repeats, case.get("max_repeats", repeats))
+            for rep in range(repeats):
                 order = runners[rep % len(runners):] + runners[:rep % len(runners)]
                 for runner in order:
                     run = subprocess.run([sys.executable, __file__, "--worker", "--case", name, "--runner", runner,

@@ -135,6 +135,11 @@ class TrainConfig:
     share_prompt: bool = opt(True, "In the training and reference forward passes, run each group's prompt once "
                                    "and let its G completions attend to its keys and values (same results, fewer "
                                    "tokens). Not with gradient checkpointing or FSDP, which run every row in full.")
+    lean_forward: bool = opt(True, "Run the training and reference forward passes of Llama, Qwen2 and Mistral "
+                                   "models (full attention, no LoRA, FSDP or gradient checkpointing) with grpo's "
+                                   "own loop over the model's weights, prompts and completions as one flat batch "
+                                   "of positions: the same log-probs as transformers' forward with less overhead. "
+                                   "false: always transformers' forward.")
     lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
     lr_schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Decay after warm-up.")
     warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0)

@@ -88,16 +88,18 @@ class LogprobModule(torch.nn.Module):
     pass the loss needs."""
 
     def __init__(self, model, *, fused: bool = True, adapter_off: bool = False, autocast_bf16: bool = False,
-                 train_mode: bool = False, share_prompt: bool = False):
+                 train_mode: bool = False, share_prompt: bool = False, lean: bool = False):
         """`fused`: log-probs from hidden states (False: full logits, which sharded parameters need).
         `adapter_off`: a LoRA model with its adapter disabled (the reference, without a second copy).
         `train_mode`: run the forward in train mode (gradient checkpointing needs it; dropout is off anyway).
         `share_prompt`: run each group's prompt once (see `grpo.forward`); it needs a KV cache, which gradient
-        checkpointing in train mode switches off."""
+        checkpointing in train mode switches off.
+        `lean`: run supported models (Llama, Qwen2, Mistral) through `grpo.lean` (see `grpo.forward`)."""
         super().__init__()
         self.model = model
         self.fused = fused
         self.share_prompt = share_prompt
+        self.lean = lean
         self.adapter_off = adapter_off
         self.autocast_bf16 = autocast_bf16
         self.train_mode = train_mode
@@ -115,7 +117,7 @@ class LogprobModule(torch.nn.Module):
                 stack.callback(self.model.eval)
             return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                        temperature=temperature, chunk_size=chunk_size, fused=self.fused,
-                                       share_prompt=self.share_prompt)
+                                       share_prompt=self.share_prompt, lean=self.lean)
 
 
 def wrap_for_training(model, dist: Dist, sharding: str, **options) -> torch.nn.Module:

@@ -8,11 +8,16 @@ With `share_prompt`, consecutive rows with the same prompt (the G completions of
 through the model once: its keys and values are computed for one row and repeated for the others, and the
 completions attend to them as to a KV cache. Gradients flow through the shared keys and values, so the result
 is the same as running every row in full (to floating-point rounding), for a fraction of the prompt tokens.
+
+With `lean`, models that `grpo.lean.supported_for_training` accepts (Llama, Qwen2, Mistral) run that forward
+pass through `grpo.lean.completion_hidden`: the same arithmetic on the model's own weights, with the prompt and
+completion tokens of the batch in one flat batch of positions and without transformers' per-call machinery.
 """
 from __future__ import annotations
 
 import torch
 
+from grpo import lean as lean_layers
 from grpo.algo import token_logprobs, token_logprobs_from_hidden
 
 
@@ -34,10 +39,11 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
 
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float, chunk_size: int,
-                        fused: bool = True, share_prompt: bool = False) -> torch.Tensor:
+                        fused: bool = True, share_prompt: bool = False, lean: bool = False) -> torch.Tensor:
     """(B, T) log-probs of `completion_ids` given the prompts, from logits / temperature (float32).
     `fused=False` forces the full-logits path (needed when the parameters are sharded); `share_prompt` runs
-    each run of identical consecutive prompts once (the fused path only)."""
+    each run of identical consecutive prompts once and `lean` runs supported models through `grpo.lean` (both
+    on the fused path only)."""
     lp = prompt_ids.shape[1]
     t = completion_ids.shape[1]
     # the last completion token predicts nothing: feed up to the one before it
@@ -46,7 +52,13 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     position = (attn.cumsum(-1) - 1).clamp(min=0)
     if fused and _fusable(model):
         hidden = None
-        if share_prompt and t > 1:
+        if lean and lean_layers.supported_for_training(model):
+            if share_prompt:
+                first, group = prompt_groups(prompt_ids, prompt_mask)
+            else:
+                first = group = torch.arange(ids.shape[0], device=ids.device)
+            hidden = lean_layers.completion_hidden(model, ids, attn, position, lp, group, first)
+        elif share_prompt and t > 1:
             hidden = _shared_prompt_hidden(model.get_decoder(), ids, attn, position, lp)
         if hidden is None:
             hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state

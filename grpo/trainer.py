@@ -95,7 +95,7 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     # two agree bit for bit: full logits under FSDP (the root's forward gathers the shards), full rows under
     # FSDP or gradient checkpointing (no KV cache in train mode)
     sharded = cfg.train.sharding == "fsdp"
-    path = dict(fused=not sharded, autocast_bf16=m.autocast_bf16,
+    path = dict(fused=not sharded, autocast_bf16=m.autocast_bf16, lean=cfg.train.lean_forward,
                 share_prompt=cfg.train.share_prompt and not (sharded or m.gradient_checkpointing))
     # the reference is the initial policy (before any resume or sharding), frozen; with LoRA, the same model
     # with its adapter disabled

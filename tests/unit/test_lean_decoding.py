@@ -6,7 +6,8 @@ import torch
 import transformers
 
 from grpo.rollout import HFGenerator, Sampling
-from grpo.rollout.lean import LeanDecoding, supported
+from grpo.lean import supported
+from grpo.rollout.lean import LeanDecoding
 from grpo.tiny import build_char_tokenizer
 
 PROMPTS = ["Calculate 1 + 2 * 3 =", "Solve y = 2x + 1 for x = 2, y =", "Hi"]  # padded on the left
