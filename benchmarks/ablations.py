@@ -3,7 +3,7 @@
 Same models, prompts, step shapes and timing as `vs_trl.py` (seconds per step between reward calls, peak
 resident memory of a fresh process), with the variants alternating in a rotated order `--repeats` times.
 
-    python benchmarks/ablations.py      # writes benchmarks/results/ablations.{json,md}
+    python benchmarks/ablations.py      # writes benchmarks/results/ablations.{json,md} (or --out)
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def main() -> None:
             vs_trl.build_model(case, model_dir)
             variants = list(VARIANTS[name])
             runs: dict[str, list[dict]] = {v: [] for v in variants}
-            for rep in range(min(args.repeats, case.get("repeats", args.repeats))):
+            for rep in range(min(args.repeats, case.get("max_repeats", args.repeats))):
                 for v in variants[rep % len(variants):] + variants[:rep % len(variants)]:
                     run = subprocess.run([sys.executable, __file__, "--worker", name, json.dumps(VARIANTS[name][v]),
                                           str(model_dir), str(prompts)], capture_output=True, text=True, cwd=tmp)

@@ -131,8 +131,9 @@ def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: to
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
               eager: bool, causal: bool = False) -> torch.Tensor:
     """(B, heads, Tq, d) attention over (B, kv heads, Tk, d) keys and values; `mask` (B, 1, Tq, Tk) bool, True
-    where attended, or `causal` (Tq = Tk), or neither: every key. `eager`: transformers' eager arithmetic (scores and softmax in
-    float32, each query head's group of key heads shared without copies); else SDPA."""
+    where attended, or `causal` (Tq = Tk), or neither: every key. `eager`: transformers' eager arithmetic
+    (matmul, masked softmax in float32, matmul), the query heads of a key head sharing its keys and values
+    without copies; else SDPA (grouped-query attention without copies too)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     if not eager:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
