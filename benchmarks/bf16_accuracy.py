@@ -2,10 +2,10 @@
 
 The bundled tiny model (trained, so its distributions are those of a real policy) samples G completions for
 held-out prompts of the default task; their log-probs are then computed exactly as the trainer computes them
-(shared prompts, log-probs from hidden states) in float32 and under bf16 autocast (eager attention, bfloat16
-output projection, float32 log-softmax). Reported: the per-token difference, the per-sequence log-ratio that a
-bf16 forward would put into the importance ratio, the ratio of the sequence probabilities, and the k3 KL
-estimate between the two.
+(shared prompts, the lean forward, log-probs from hidden states) in float32 and under bf16 autocast (eager
+attention, bfloat16 output projection, float32 log-softmax). Reported: the per-token difference, the
+per-sequence log-ratio that a bf16 forward would put into the importance ratio, the ratio of the sequence
+probabilities, and the k3 KL estimate between the two.
 
     python benchmarks/bf16_accuracy.py      # writes benchmarks/results/bf16_accuracy.{json,md}
 """
@@ -37,9 +37,9 @@ def main() -> None:
     rollout = HFGenerator(fp32, tok).generate(prompts, Sampling(8, 32), seeds=list(range(len(prompts))))
     args = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
     with torch.inference_mode():
-        a = completion_logprobs(fp32, *args, temperature=1.0, chunk_size=1024, share_prompt=True)
+        a = completion_logprobs(fp32, *args, temperature=1.0, chunk_size=1024, share_prompt=True, lean=True)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            b = completion_logprobs(bf16, *args, temperature=1.0, chunk_size=1024, share_prompt=True)
+            b = completion_logprobs(bf16, *args, temperature=1.0, chunk_size=1024, share_prompt=True, lean=True)
     mask = rollout.completion_mask.bool()
     diff = (b - a)[mask]
     seq = ((b - a) * mask).sum(1)
