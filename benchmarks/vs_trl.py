@@ -78,7 +78,8 @@ RUNNERS = {
 DEFAULT_RUNNERS = ["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager", "trl fp32 no-ckpt",
                    "trl bf16 no-ckpt"]
 EXTRA_OVERRIDES = {"grpo fp32 2k": ["train.micro_batch_tokens=2048"]}
-TRL_EXTRA = {"trl fp32 no-ckpt": {"gradient_checkpointing": False}, "trl bf16 no-ckpt": {"gradient_checkpointing": False}}
+NO_CKPT = {"gradient_checkpointing": False}
+TRL_EXTRA = {"trl fp32 no-ckpt": NO_CKPT, "trl bf16 no-ckpt": NO_CKPT}
 TRL_SETTINGS = ("trl fp32", "trl bf16")  # the two settings the comparison is judged against
 
 

@@ -5,9 +5,7 @@ import torch
 
 import grpo.forward as fwd
 from grpo import lean
-from tests.unit.test_lean_decoding import CASES, build
-
-PROMPTS = ["Calculate 1 + 2 * 3 =", "Solve y = 2x + 1 for x = 2, y =", "Hi"]  # padded on the left
+from tests.unit.test_lean_decoding import CASES, PROMPTS, build
 
 
 def batch(tok, prompts=PROMPTS, g=2, width=6, seed=1):
