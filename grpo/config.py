@@ -94,10 +94,10 @@ class RolloutConfig:
     top_k: int = opt(0, "Keep only the k most likely tokens when sampling; 0 keeps all.", ge=0)
     min_new_tokens: int = opt(0, "EOS cannot be sampled before this many tokens (as in transformers' generate); "
                                  "at most max_new_tokens.", ge=0)
-    lean_decoding: bool = opt(True, "Run the decoding steps of Llama, Qwen2 and Mistral models (full attention, "
-                                    "no LoRA or FSDP) with grpo's own loop over the model's weights: the same "
-                                    "logits as transformers' forward with less overhead per token. false: always "
-                                    "transformers' forward.")
+    lean_decoding: bool = opt(True, "Run the prefill and decoding steps of Llama, Qwen2 and Mistral models (full "
+                                    "attention, no LoRA or FSDP) with grpo's own loop over the model's weights: "
+                                    "the same logits as transformers' forward with less overhead per token. "
+                                    "false: always transformers' forward.")
 
 
 @dataclass

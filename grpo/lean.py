@@ -64,7 +64,7 @@ def supported_for_training(model) -> bool:
 
 
 def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: torch.Tensor, lp: int,
-                      group: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+                      group: torch.Tensor, first: torch.Tensor, prompt_kv: list | None = None) -> torch.Tensor:
     """The final hidden states (B, T, H) at the positions that predict the completion tokens, from rows of
     `lp` left-padded prompt tokens followed by T - 1 completion tokens (`ids`, `attn`, `position`: (B, lp+T-1)).
 
@@ -74,6 +74,8 @@ def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: to
     between them); only attention runs per part: the prompts causally among themselves, each completion over
     its prompt's keys and its own earlier tokens. A padded prompt position attends to itself, so its (unused)
     output stays finite. Gradients flow through the shared prompt keys and values, as through the full rows.
+    `prompt_kv`: a list that receives each layer's prompt keys (after the rotary embedding) and values, (P, kv
+    heads, lp, head dim) each: the prefill of the lean decoding steps.
     """
     base = model.model
     b, t1 = ids.shape[0], ids.shape[1] - lp  # t1: completion tokens fed (the last one predicts nothing)
@@ -110,6 +112,8 @@ def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: to
         heads = q.shape[1]
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         qp, kp, vp = (z[:n_prompt].view(p, lp, -1, d).transpose(1, 2) for z in (q, k, v))
+        if prompt_kv is not None:
+            prompt_kv.append((kp, vp))
         out = [attention(qp, kp, vp, prompt_mask, a.scaling, eager, causal=prompt_mask is None)
                .transpose(1, 2).reshape(n_prompt, heads * d)]
         if t1:

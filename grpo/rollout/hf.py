@@ -95,21 +95,18 @@ class HFGenerator:
                              add_special_tokens=self.add_special_tokens)
         prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
         n = sampling.n
-        position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position, use_cache=True,
-                         logits_to_keep=1)
-        cache = out.past_key_values
-        cache.batch_repeat_interleave(n)  # prefill once per prompt, share it across the group
-        logits = out.logits[:, -1].repeat_interleave(n, dim=0)
-        attn = prompt_mask.repeat_interleave(n, dim=0)
-        next_pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, dim=0)
         eos_ids = self.eos_ids.to(device)
         steps = sampling.max_new_tokens
         noise = None  # (steps, N): each prompt's n rows from that prompt's generator, one row of draws a step
         if sampling.temperature > 0:
             gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
             noise = torch.cat([torch.rand(steps, n, generator=g) for g in gens], dim=1).to(device)
-        lean = LeanDecoding.start(self.model, cache, attn, steps) if self.lean else None
+        state = LeanDecoding.prefill(self.model, prompt_ids, prompt_mask, n, steps) if self.lean else None
+        if state is not None:
+            lean, logits = state
+            step = lean.step
+        else:
+            step, logits = self._transformers_steps(prompt_ids, prompt_mask, n)
 
         total = logits.shape[0]
         finished = torch.zeros(total, dtype=torch.bool, device=device)
@@ -126,14 +123,7 @@ class HFGenerator:
             finished |= stop
             if self.all_finished(bool(finished.all())) or t + 1 == steps:
                 break
-            if lean is not None:
-                logits = lean.step(nxt)
-                continue
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            out = self.model(input_ids=nxt.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
-                             past_key_values=cache, use_cache=True)
-            next_pos = next_pos + 1
-            logits = out.logits[:, -1]
+            logits = step(nxt)
 
         completion_ids = torch.stack(tokens, dim=1)  # (N, T)
         width = completion_ids.shape[1]
@@ -143,8 +133,29 @@ class HFGenerator:
         text_len = lengths - (~truncated).long()
         texts = self.tokenizer.batch_decode([row[:k].tolist() for row, k in zip(completion_ids, text_len)],
                                             skip_special_tokens=True)
-        return Rollout(prompt_ids.repeat_interleave(n, dim=0), attn[:, :prompt_ids.shape[1]],
+        return Rollout(prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
                        completion_ids, completion_mask, truncated, texts)
+
+    def _transformers_steps(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
+        """Decoding with the model's own forward and cache: (step(tokens) -> next logits, the first logits).
+        The prompts are prefilled once and the cache repeated for the n completions of each."""
+        position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position, use_cache=True,
+                         logits_to_keep=1)
+        cache = out.past_key_values
+        cache.batch_repeat_interleave(n)  # prefill once per prompt, share it across the group
+        attn = prompt_mask.repeat_interleave(n, dim=0)
+        next_pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, dim=0)
+
+        def step(tokens: torch.Tensor) -> torch.Tensor:
+            nonlocal attn, next_pos
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
+                             past_key_values=cache, use_cache=True)
+            next_pos = next_pos + 1
+            return out.logits[:, -1]
+
+        return step, out.logits[:, -1].repeat_interleave(n, dim=0)
 
 
 def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
