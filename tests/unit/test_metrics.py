@@ -1,0 +1,37 @@
+"""RunLogger: metrics.jsonl and TensorBoard events agree, and a resumed run replaces what came after its checkpoint."""
+import json
+
+from grpo.config import LogConfig
+from grpo.metrics import RunLogger
+
+
+def scalars(path, tag):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(path))
+    events.Reload()
+    return [(e.step, round(e.value, 5)) for e in events.Scalars(tag)]
+
+
+def test_tensorboard_events_match_the_jsonl_and_resume_purges(tmp_path):
+    cfg = LogConfig(progress=False, tensorboard=True, chart=False)
+    first = RunLogger(tmp_path, cfg, total_steps=4)
+    for step in range(1, 5):
+        first.log(step, {"loss": 0.5 * step, "kl": float("nan"), "eval/accuracy": step / 10})
+    first.close()
+    assert scalars(tmp_path / "tensorboard", "loss") == [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.0)]
+    assert scalars(tmp_path / "tensorboard", "eval/accuracy") == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
+    # a non-finite value goes to the JSONL file (as null/NaN) but is not a TensorBoard point
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert "kl" not in events.Tags()["scalars"]
+
+    # resumed from a checkpoint at step 2: steps 3-4 are logged anew, the old ones are dropped
+    resumed = RunLogger(tmp_path, cfg, total_steps=4, resume_step=2)
+    for step in (3, 4):
+        resumed.log(step, {"loss": -1.0 * step, "eval/accuracy": 0.9})
+    resumed.close()
+    assert scalars(tmp_path / "tensorboard", "loss") == [(1, 0.5), (2, 1.0), (3, -3.0), (4, -4.0)]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.5), (2, 1.0), (3, -3.0), (4, -4.0)]
