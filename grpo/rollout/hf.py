@@ -94,6 +94,9 @@ class HFGenerator:
         enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
                              add_special_tokens=self.add_special_tokens)
         prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
+        if prompt_ids.shape[1] == 0:
+            raise ValueError("every prompt of the batch tokenizes to no tokens; a causal LM needs at least one "
+                             "(a non-empty prompt, or a tokenizer that adds BOS)")
         n = sampling.n
         eos_ids = self.eos_ids.to(device)
         steps = sampling.max_new_tokens

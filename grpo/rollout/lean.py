@@ -9,8 +9,9 @@ the decoding steps of the models `grpo.lean.supported` accepts, with the layer p
   as one matmul over a copy of their weights made per batch (at most a quarter of the layers' weights, much
   less with grouped-query attention; the MLP's larger projections are not copied). The rotary embedding comes
   from a table of cos and sin made once per batch (except for the RoPE types that rescale with the length).
-  Without autocast the single-query attention is two batched matmuls over the buffers, with the key padding as
-  an additive bias; under autocast it is the model's kernel (`grpo.lean.attention`), as in transformers.
+  For a float32 model without autocast the single-query attention is two batched matmuls over the buffers, with
+  the key padding as an additive bias; under autocast, or in another dtype, it is the model's kernel
+  (`grpo.lean.attention`), as in transformers.
 The tests check its logits and tokens against transformers' forward. Any other model gets None from
 `LeanDecoding.prefill` and decodes with transformers' forward.
 """

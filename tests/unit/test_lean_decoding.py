@@ -92,3 +92,10 @@ def test_unsupported_models_decode_with_transformers():
     peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(copy.deepcopy(qwen), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
     assert not supported(lora) and not supported(lora.base_model.model)  # LoRA layers are not plain Linear
+
+
+def test_prompts_without_tokens_are_refused_clearly():
+    model, tok = build("qwen2")  # the character tokenizer adds no BOS: "" is no token at all
+    for lean in (True, False):
+        with pytest.raises(ValueError, match="no tokens"):
+            HFGenerator(model, tok, lean=lean).generate([""], Sampling(n=2, max_new_tokens=3, temperature=0.0))
