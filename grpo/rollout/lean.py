@@ -32,17 +32,22 @@ class LeanDecoding:
         self.model = model
         self.base = base = model.model
         self.keys, self.values = keys, values  # per layer (N, KV heads, capacity, head dim)
-        self.key_mask = key_mask  # (N, capacity) bool: the keys that are attended to (False: prompt padding)
-        self.padded = not bool(key_mask.all())
         self.length = length  # keys filled so far
         self.positions = positions  # (N,) rotary position of the next token
         self.eager = model.config._attn_implementation == "eager"
-        self.qkv = [_fused_qkv(layer.self_attn, keys[0].device.type) for layer in base.layers]
+        device = keys[0].device.type
+        self.qkv = [_fused_qkv(layer.self_attn, device) for layer in base.layers]
         n, kv_heads, capacity = keys[0].shape[:3]
-        # the key padding as an additive bias, one row per key head (a batched matmul's batch)
-        self.bias = torch.zeros(n, kv_heads, 1, capacity, dtype=torch.float32, device=key_mask.device)
-        self.bias.masked_fill_(~key_mask[:, None, None, :], float("-inf"))
-        self.bias = self.bias.view(n * kv_heads, 1, capacity)
+        # float32 without autocast: the single-query attention as two batched matmuls (one row per key head),
+        # the prompt padding as an additive bias; otherwise the model's kernel, with a boolean mask (None: no
+        # padding). `key_mask` (N, capacity) is True where a key is attended to.
+        self.matmul_attention = (not torch.is_autocast_enabled(device) and keys[0].dtype == torch.float32
+                                 and values[0].dtype == torch.float32)
+        if self.matmul_attention:
+            bias = torch.zeros(n, kv_heads, 1, capacity, dtype=torch.float32, device=key_mask.device)
+            self.bias = bias.masked_fill_(~key_mask[:, None, None, :], float("-inf")).view(n * kv_heads, 1, capacity)
+        else:
+            self.key_mask = None if bool(key_mask.all()) else key_mask[:, None, None, :]
         rope = getattr(base.rotary_emb, "rope_type", "default")
         self.table = None  # (cos, sin) by position, when the rotary embedding does not depend on the length
         if isinstance(rope, str) and "dynamic" not in rope and rope != "longrope":
@@ -101,8 +106,8 @@ class LeanDecoding:
         self.keys[i][:, :, at] = k
         self.values[i][:, :, at] = v
         keys, values = self.keys[i][:, :, :at + 1], self.values[i][:, :, :at + 1]
-        if torch.is_autocast_enabled(h.device.type) or q.dtype != torch.float32:
-            mask = self.key_mask[:, None, None, :at + 1] if self.padded else None
+        if not self.matmul_attention:
+            mask = None if self.key_mask is None else self.key_mask[..., :at + 1]
             out = attention(q.unsqueeze(2), keys, values, mask, attn.scaling, self.eager)  # (N, heads, 1, d)
             return attn.o_proj(out.reshape(n, heads * d))
         # one query per row: scores and weighted values as batched matmuls, the query heads of a key head together
