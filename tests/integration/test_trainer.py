@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 from grpo.config import load_config
 from grpo.trainer import train
+from tests.unit.test_metrics import events
 
 FAST = ["train.steps=2", "rollout.group_size=4", "train.prompts_per_step=3", "rollout.max_new_tokens=5",
         "eval.size=8", "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false",
@@ -76,11 +77,9 @@ def test_metrics_rows_and_outputs(tmp_path, random_model_dir):
     assert {s["step"] for s in samples} == {1, 2} and len(samples) == 2 * 2 * 4  # 2 groups of G = 4 per step
     assert {"prompt", "answer", "completion", "reward", "advantage", "reward/last_number"} <= samples[0].keys()
     assert (out / "chart.png").stat().st_size > 1000
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(out / "tensorboard"))
-    events.Reload()
+    board = events(out / "tensorboard")
     for tag in ("reward/mean", "loss", "eval/accuracy"):
-        got = [(e.step, e.value) for e in events.Scalars(tag)]
+        got = [(e.step, e.value) for e in board.Scalars(tag)]
         want = [(r["step"], r[tag]) for r in rows if tag in r]
         assert [s for s, _ in got] == [s for s, _ in want], tag
         assert all(abs(a[1] - b[1]) <= 1e-6 * max(1.0, abs(b[1])) for a, b in zip(got, want)), tag

@@ -5,12 +5,17 @@ from grpo.config import LogConfig
 from grpo.metrics import RunLogger
 
 
-def scalars(path, tag):
+def events(path):
+    """The TensorBoard events under `path`, read back."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(path))
-    events.Reload()
-    return [(e.step, round(e.value, 5)) for e in events.Scalars(tag)]
+    accumulator = EventAccumulator(str(path))
+    accumulator.Reload()
+    return accumulator
+
+
+def scalars(path, tag):
+    return [(e.step, round(e.value, 5)) for e in events(path).Scalars(tag)]
 
 
 def test_tensorboard_events_match_the_jsonl_and_resume_purges(tmp_path):
@@ -22,10 +27,7 @@ def test_tensorboard_events_match_the_jsonl_and_resume_purges(tmp_path):
     assert scalars(tmp_path / "tensorboard", "loss") == [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.0)]
     assert scalars(tmp_path / "tensorboard", "eval/accuracy") == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
     # a non-finite value goes to the JSONL file (as null/NaN) but is not a TensorBoard point
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    events = EventAccumulator(str(tmp_path / "tensorboard"))
-    events.Reload()
-    assert "kl" not in events.Tags()["scalars"]
+    assert "kl" not in events(tmp_path / "tensorboard").Tags()["scalars"]
 
     # resumed from a checkpoint at step 2: steps 3-4 are logged anew, the old ones are dropped
     resumed = RunLogger(tmp_path, cfg, total_steps=4, resume_step=2)
