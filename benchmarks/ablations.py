@@ -24,27 +24,27 @@ VARIANTS = {
     # case: {name: overrides}
     "1m": {
         "defaults (fp32)": [],
-        "no prompt sharing in training": ["train.share_prompt=false"],
-        "1 thread": ["train.threads=1"],
+        "no prompt sharing in training": ["compute.share_prompt=false"],
+        "1 thread": ["compute.threads=1"],
         "bf16 autocast": ["model.autocast_bf16=true"],
         "beta = 0 (no reference pass)": ["algo.beta=0"],
         "transformers' decoding steps": ["rollout.lean_decoding=false"],
-        "transformers' training and reference forward": ["train.lean_forward=false"],
+        "transformers' training and reference forward": ["compute.lean_forward=false"],
     },
     "8m": {
         "defaults (fp32)": [],
-        "no prompt sharing in training": ["train.share_prompt=false"],
-        "1 thread": ["train.threads=1"],
+        "no prompt sharing in training": ["compute.share_prompt=false"],
+        "1 thread": ["compute.threads=1"],
         "bf16 autocast (eager attention)": ["model.autocast_bf16=true"],
         "bf16 autocast, sdpa attention": ["model.autocast_bf16=true", "model.attn_implementation=sdpa"],
-        "bf16, no prompt sharing": ["model.autocast_bf16=true", "train.share_prompt=false"],
+        "bf16, no prompt sharing": ["model.autocast_bf16=true", "compute.share_prompt=false"],
         "bf16, transformers' decoding steps": ["model.autocast_bf16=true", "rollout.lean_decoding=false"],
         "bf16, transformers' training and reference forward": ["model.autocast_bf16=true",
-                                                               "train.lean_forward=false"],
+                                                               "compute.lean_forward=false"],
     },
     "memory": {
         "defaults (fp32)": [],
-        "micro_batch_tokens=2048": ["train.micro_batch_tokens=2048"],
+        "micro_batch_tokens=2048": ["compute.micro_batch_tokens=2048"],
     },
 }
 

@@ -23,7 +23,7 @@ def main() -> None:
     import transformers
 
     from grpo.config import ModelConfig
-    from grpo.forward import completion_logprobs
+    from grpo.policy import completion_logprobs, forward_path
     from grpo.models import load_model
     from grpo.rollout import HFGenerator, Sampling
     from grpo.tasks import load_task
@@ -37,9 +37,11 @@ def main() -> None:
     rollout = HFGenerator(fp32, tok).generate(prompts, Sampling(8, 32), seeds=list(range(len(prompts))))
     args = (rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask)
     with torch.inference_mode():
-        a = completion_logprobs(fp32, *args, temperature=1.0, chunk_size=1024, share_prompt=True, lean=True)
+        a = completion_logprobs(fp32, *args, temperature=1.0, chunk_size=1024,
+                                path=forward_path(fp32, share_prompt=True, lean=True))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            b = completion_logprobs(bf16, *args, temperature=1.0, chunk_size=1024, share_prompt=True, lean=True)
+            b = completion_logprobs(bf16, *args, temperature=1.0, chunk_size=1024,
+                                    path=forward_path(bf16, share_prompt=True, lean=True))
     mask = rollout.completion_mask.bool()
     diff = (b - a)[mask]
     seq = ((b - a) * mask).sum(1)

@@ -68,7 +68,7 @@ RUNNERS = {
     "trl fp32": ("trl", False, ""),
     "trl bf16": ("trl", True, ""),
     "trl bf16 eager": ("trl", True, "eager"),
-    # the memory setting: micro-batches of at most 2048 positions (train.micro_batch_tokens), same work per step
+    # the memory setting: micro-batches of at most 2048 positions (compute.micro_batch_tokens), same work per step
     "grpo fp32 2k": ("grpo", False, ""),
     # TRL's GRPOConfig turns gradient checkpointing on by default (recomputing activations in the backward pass:
     # less memory, more time); these runs switch it off, to show what it costs TRL's speed and saves its memory
@@ -77,7 +77,7 @@ RUNNERS = {
 }
 DEFAULT_RUNNERS = ["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager", "trl fp32 no-ckpt",
                    "trl bf16 no-ckpt"]
-EXTRA_OVERRIDES = {"grpo fp32 2k": ["train.micro_batch_tokens=2048"]}
+EXTRA_OVERRIDES = {"grpo fp32 2k": ["compute.micro_batch_tokens=2048"]}
 NO_CKPT = {"gradient_checkpointing": False}
 TRL_EXTRA = {"trl fp32 no-ckpt": NO_CKPT, "trl bf16 no-ckpt": NO_CKPT}
 TRL_SETTINGS = ("trl fp32", "trl bf16")  # the two settings the comparison is judged against

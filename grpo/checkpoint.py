@@ -216,9 +216,8 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
 
 # Keys whose change would make the resumed run differ from an uninterrupted one. Anything else (steps to run,
 # logging, evaluation, where the model runs, micro-batch size, threads) may change on resume.
-EXACT = ("model.path", "model.dtype", "data.", "rollout.", "algo.", "rewards", "reward_weights",
-         "train.prompts_per_step", "train.lr", "train.lr_schedule", "train.warmup_steps", "train.weight_decay", "train.adam_beta1",
-         "train.adam_beta2", "train.max_grad_norm", "train.seed")
+EXACT = ("model.path", "model.dtype", "data.", "rollout.", "algo.", "optim.", "rewards", "reward_weights",
+         "train.prompts_per_step", "train.lr", "train.seed")
 
 
 def incompatible_keys(saved: dict, current: dict) -> list[str]:

@@ -102,31 +102,32 @@ def _train(cfg, args) -> int:
 
 
 def _load(cfg):
-    """Model (a saved full model or LoRA adapter directory both load), generator, task, prompt renderer."""
+    """Model (a saved full model or LoRA adapter directory both load), generator, environment and task, built
+    as training builds them."""
     _quiet_transformers()
-    from grpo.models import load_model, prompt_formatter
-    from grpo.rollout import HFGenerator
+    from grpo.envs import build_environment
+    from grpo.models import load_model
+    from grpo.rollout import build_generator
     from grpo.tasks import load_task
 
     model, tokenizer = load_model(cfg.model)
-    generator = HFGenerator(model, tokenizer, add_special_tokens=not cfg.model.chat_template,
-                            autocast_bf16=cfg.model.autocast_bf16, lean=cfg.rollout.lean_decoding)
-    return generator, load_task(cfg.data, cfg.train.seed), prompt_formatter(tokenizer, cfg.model)
+    generator = build_generator(model, tokenizer, cfg.model, cfg.rollout)
+    environment = build_environment(cfg.rollout.environment, tokenizer, cfg.model)
+    return generator, environment, load_task(cfg.data, cfg.train.seed)
 
 
 def _eval(cfg, args) -> int:
     from grpo.evaluation import evaluate
     from grpo.rewards import resolve_reward
 
-    generator, task, render = _load(cfg)
+    generator, environment, task = _load(cfg)
     examples = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
     if not examples:
         raise GRPOError("no held-out examples to evaluate on: set data.eval_path, data.eval_split or "
                         "data.eval_fraction")
-    metrics = evaluate(generator, examples, resolve_reward(cfg.eval.reward, field="eval.reward"),
+    metrics = evaluate(environment, generator, examples, resolve_reward(cfg.eval.reward, field="eval.reward"),
                        max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                       temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                       render=render)
+                       temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
     print(json.dumps({"model": cfg.model.path, "task": getattr(task, "name", cfg.data.task),
                       "examples": len(examples), **metrics}, indent=2))
     return 0
@@ -134,15 +135,16 @@ def _eval(cfg, args) -> int:
 
 def _sample(cfg, args) -> int:
     from grpo.rollout import SAMPLE, rollout_sampling, sampling_seed
+    from grpo.tasks import Example
 
     if args.n < 1:
         raise GRPOError(f"-n must be at least 1, got {args.n}")
-    generator, task, render = _load(cfg)
-    prompts = args.prompt or [e.prompt for e in (task.eval or task.train)[:4]]
-    seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(prompts))]
-    rollout = generator.generate([render(p) for p in prompts], rollout_sampling(cfg.rollout, args.n), seeds)
-    for i, prompt in enumerate(prompts):
-        print(prompt)
+    generator, environment, task = _load(cfg)
+    examples = [Example(p, "") for p in args.prompt] if args.prompt else (task.eval or task.train)[:4]
+    seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(examples))]
+    rollout = environment.rollout(generator, examples, rollout_sampling(cfg.rollout, args.n), seeds)
+    for i, e in enumerate(examples):
+        print(e.prompt)
         for text in rollout.texts[i * args.n:(i + 1) * args.n]:
             print(f"    -> {text!r}")
     return 0

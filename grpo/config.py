@@ -8,6 +8,7 @@ the expected type, a value out of range names the range, an enum value lists the
 from __future__ import annotations
 
 import difflib
+import os
 import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
@@ -94,6 +95,10 @@ class RolloutConfig:
     top_k: int = opt(0, "Keep only the k most likely tokens when sampling; 0 keeps all.", ge=0)
     min_new_tokens: int = opt(0, "EOS cannot be sampled before this many tokens (as in transformers' generate); "
                                  "at most max_new_tokens.", ge=0)
+    backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS: 'hf' samples in-process from the "
+                             "model being trained (transformers' model, grpo's lean decoding loop).")
+    environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS: "
+                                          "'single_turn' samples one completion per episode.")
     lean_decoding: bool = opt(True, "Run the prefill and decoding steps of Llama, Qwen2 and Mistral models (full "
                                     "attention, no LoRA or FSDP) with grpo's own loop over the model's weights: "
                                     "the same logits as transformers' forward with less overhead per token. "
@@ -120,12 +125,45 @@ class AlgoConfig:
                                  "policy moves away from 1 and the clip becomes active.", ge=1)
     mask_truncated: bool = opt(False, "Leave truncated completions (no EOS) out of the loss; they still count in "
                                       "the group statistics (DAPO overlong filtering).")
+    dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and draw "
+                                        "more prompts until the step has train.prompts_per_step informative groups "
+                                        "(on in the dapo preset).")
+    max_sampling_rounds: int = opt(4, "With dynamic_sampling: rounds of train.prompts_per_step prompts at most per "
+                                      "step; then the step is filled up with dropped groups and logs so.", ge=1)
 
 
 @dataclass
 class TrainConfig:
     steps: int = opt(100, "Optimiser steps (each: sample, score, update).", ge=1)
-    prompts_per_step: int = opt(16, "Prompts per step; each gets group_size completions.", ge=1)
+    prompts_per_step: int = opt(16, "Prompts per step; each gets group_size completions. A multiple of the number "
+                                    "of processes.", ge=1)
+    lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
+    seed: int = opt(0, "Seed of the data order, the sampling and the initialisation: same seed, same run.")
+    output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.")
+    save_every: int = opt(0, "Write a checkpoint every this many steps (and at the end); 0 writes none, "
+                             "except when a SIGINT/SIGTERM stops the run.", ge=0)
+    keep_last: int = opt(2, "Complete checkpoints to keep; older ones are deleted.", ge=1)
+    resume: str = opt("", "Continue a run: 'auto' takes the newest complete checkpoint in output_dir (or starts "
+                          "afresh if there is none); a path names a checkpoint or a run directory.")
+    max_nonfinite_steps: int = opt(3, "Abort after this many consecutive steps whose loss or gradient is NaN or "
+                                      "inf (each such update is skipped).", ge=1)
+
+
+@dataclass
+class OptimConfig:
+    lr_schedule: Literal["constant", "linear", "cosine"] = opt(
+        "constant", "Learning-rate schedule after warm-up (transformers' schedulers: constant, linear or cosine "
+                    "decay to 0 at train.steps).")
+    warmup_steps: int = opt(0, "Linear warm-up from 0 to train.lr over this many steps (as transformers' "
+                               "schedulers do); less than train.steps.", ge=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0)
+    adam_beta1: float = opt(0.9, "AdamW β1.", ge=0, lt=1)
+    adam_beta2: float = opt(0.99, "AdamW β2.", ge=0, lt=1)
+    max_grad_norm: float = opt(1.0, "Clip the gradient norm to this; 0 disables clipping.", ge=0)
+
+
+@dataclass
+class ComputeConfig:
     micro_batch_size: int = opt(64, "Sequences per forward/backward pass; gradients are accumulated across "
                                     "micro-batches with the step-wide normaliser, so this changes memory, not "
                                     "results.", ge=1)
@@ -140,26 +178,10 @@ class TrainConfig:
                                    "own loop over the model's weights, prompts and completions as one flat batch "
                                    "of positions: the same log-probs as transformers' forward with less overhead. "
                                    "false: always transformers' forward.")
-    lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = opt("constant", "Decay after warm-up.")
-    warmup_steps: int = opt(0, "Linear warm-up steps.", ge=0)
-    weight_decay: float = opt(0.0, "AdamW weight decay.", ge=0)
-    adam_beta1: float = opt(0.9, "AdamW β1.", ge=0, lt=1)
-    adam_beta2: float = opt(0.99, "AdamW β2.", ge=0, lt=1)
-    max_grad_norm: float = opt(1.0, "Clip the gradient norm to this; 0 disables clipping.", ge=0)
-    seed: int = opt(0, "Seed of the data order, the sampling and the initialisation: same seed, same run.")
-    output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.")
     threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0)
     sharding: Literal["ddp", "fsdp"] = opt("ddp", "With several processes: replicate the model and all-reduce "
                                                   "gradients (ddp), or shard parameters, gradients and optimizer "
                                                   "state with FSDP2 (fsdp, also allowed with one process).")
-    save_every: int = opt(0, "Write a checkpoint every this many steps (and at the end); 0 writes none, "
-                             "except when a SIGINT/SIGTERM stops the run.", ge=0)
-    keep_last: int = opt(2, "Complete checkpoints to keep; older ones are deleted.", ge=1)
-    resume: str = opt("", "Continue a run: 'auto' takes the newest complete checkpoint in output_dir (or starts "
-                          "afresh if there is none); a path names a checkpoint or a run directory.")
-    max_nonfinite_steps: int = opt(3, "Abort after this many consecutive steps whose loss or gradient is NaN or "
-                                      "inf (each such update is skipped).", ge=1)
 
 
 @dataclass
@@ -189,6 +211,8 @@ class Config:
     lora: LoraConfig = field(default_factory=LoraConfig)
     algo: AlgoConfig = field(default_factory=AlgoConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    compute: ComputeConfig = field(default_factory=ComputeConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     rewards: list[str] = opt(["last_number"], "Reward functions: built-in names (exact_match, last_number, math, "
@@ -252,21 +276,42 @@ def from_dict(raw: dict) -> Config:
     return cfg
 
 
-def validate(cfg: Config) -> None:
-    """Rules that involve more than one field."""
+def validate(cfg: Config, world_size: int | None = None) -> None:
+    """Every rule that involves more than one field, each with one clear error. `world_size`: the number of
+    processes (None: torchrun's WORLD_SIZE, or 1)."""
+    from grpo.envs import ENVIRONMENTS
     from grpo.rewards import resolve_reward
+    from grpo.rollout import BACKENDS
 
+    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    if not cfg.rewards:
+        raise ConfigError("rewards is empty; name at least one reward function")
+    for name in cfg.rewards:
+        resolve_reward(name, field="rewards")
+    resolve_reward(cfg.eval.reward, field="eval.reward")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.rewards):
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but rewards names "
                           f"{len(cfg.rewards)} functions; give one weight per function")
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}; it must be at most max_new_tokens")
-    if not cfg.rewards:
-        raise ConfigError("rewards is empty; name at least one reward function")
-    for name in cfg.rewards:
-        resolve_reward(name, field="rewards")
-    resolve_reward(cfg.eval.reward, field="eval.reward")
+    if "overlong" in cfg.rewards and cfg.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} is larger than rollout.max_new_tokens="
+                          f"{cfg.rollout.max_new_tokens}; the penalty ramps over the last overlong_buffer tokens")
+    if cfg.rollout.backend not in BACKENDS:
+        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} is not a rollout backend; choose one of "
+                          f"{', '.join(map(repr, BACKENDS))}")
+    if cfg.rollout.environment not in ENVIRONMENTS:
+        raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
+                          f"{', '.join(map(repr, ENVIRONMENTS))}")
+    if cfg.lora.rank and cfg.compute.sharding == "fsdp":
+        raise ConfigError("lora.rank > 0 with compute.sharding=fsdp is not supported; use compute.sharding=ddp")
+    if cfg.train.prompts_per_step % world:
+        raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number "
+                          f"of processes ({world})")
+    if cfg.optim.warmup_steps >= cfg.train.steps:
+        raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be less than train.steps="
+                          f"{cfg.train.steps}")
 
 
 def to_yaml(cfg: Config) -> str:
@@ -317,6 +362,13 @@ def _hint(cls, name: str) -> Any:
     return typing.get_type_hints(cls)[name]
 
 
+# keys that moved when TrainConfig was split by concern: an old config names them, and the error says where to
+MOVED = {f"train.{k}": f"{section}.{k}" for section, keys in {
+    "optim": ("lr_schedule", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm"),
+    "compute": ("micro_batch_size", "micro_batch_tokens", "share_prompt", "lean_forward", "threads", "sharding"),
+}.items() for k in keys}
+
+
 def _build(cls, data: Any, prefix: str):
     where = prefix.rstrip(".") or "the config"
     if not isinstance(data, dict):
@@ -327,6 +379,8 @@ def _build(cls, data: Any, prefix: str):
             full = [prefix + n for n in names]
             close = difflib.get_close_matches(prefix + str(key), full, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
+            if prefix + str(key) in MOVED:
+                hint = f"; it is now {MOVED[prefix + str(key)]!r}"
             raise ConfigError(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {where}: "
                               f"{', '.join(names)})")
     values = {}

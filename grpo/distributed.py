@@ -4,8 +4,9 @@
 MASTER_PORT; `init_from_env` joins that group with NCCL when CUDA is available and gloo otherwise. With one
 process (plain `grpo train`) every helper is the identity, so the trainer has a single code path.
 
-The model is wrapped for training by `wrap_for_training`: DistributedDataParallel by default, or FSDP2
-(`torch.distributed.fsdp.fully_shard`, one unit per decoder layer plus the root) with `train.sharding=fsdp`.
+The policy's `LogprobModule` (`grpo.policy`) is wrapped for training by `wrap_for_training`:
+DistributedDataParallel by default, or FSDP2 (`torch.distributed.fsdp.fully_shard`, one unit per decoder layer
+plus the root) with `compute.sharding=fsdp`.
 """
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ import os
 from dataclasses import dataclass
 
 import torch
+
+from grpo.policy import ForwardPath, LogprobModule
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,15 @@ class Dist:
         td.all_gather(parts, src)
         return torch.cat(parts).to(x.device)
 
+    def gather_objects(self, obj) -> list:
+        """Every process's picklable `obj`, in rank order (a one-item list with one process)."""
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as td
+        out = [None] * self.world_size
+        td.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         if self.world_size > 1:
             import torch.distributed as td
@@ -83,77 +95,26 @@ def shutdown(dist: Dist) -> None:
             td.destroy_process_group()
 
 
-class LogprobModule(torch.nn.Module):
-    """The policy as a module whose forward returns completion log-probs, so DDP and FSDP see the one forward
-    pass the loss needs."""
-
-    def __init__(self, model, *, fused: bool = True, adapter_off: bool = False, autocast_bf16: bool = False,
-                 train_mode: bool = False, share_prompt: bool = False, lean: bool = False):
-        """`fused`: log-probs from hidden states (False: full logits, which sharded parameters need).
-        `adapter_off`: a LoRA model with its adapter disabled (the reference, without a second copy).
-        `train_mode`: run the forward in train mode (gradient checkpointing needs it; dropout is off anyway).
-        `share_prompt`: run each group's prompt once (see `grpo.forward`); it needs a KV cache, which gradient
-        checkpointing in train mode switches off.
-        `lean`: run supported models (Llama, Qwen2, Mistral) through `grpo.lean` (see `grpo.forward`)."""
-        super().__init__()
-        self.model = model
-        self.fused = fused
-        self.share_prompt = share_prompt
-        self.lean = lean
-        self.adapter_off = adapter_off
-        self.autocast_bf16 = autocast_bf16
-        self.train_mode = train_mode
-
-    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature: float,
-                chunk_size: int) -> torch.Tensor:
-        from grpo.forward import completion_logprobs
-        with contextlib.ExitStack() as stack:
-            if self.adapter_off:
-                stack.enter_context(self.model.disable_adapter())
-            stack.enter_context(torch.autocast(prompt_ids.device.type, dtype=torch.bfloat16,
-                                               enabled=self.autocast_bf16))
-            if self.train_mode and torch.is_grad_enabled():
-                self.model.train()
-                stack.callback(self.model.eval)
-            return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
-                                       temperature=temperature, chunk_size=chunk_size, fused=self.fused,
-                                       share_prompt=self.share_prompt, lean=self.lean)
-
-
-def wrap_for_training(model, dist: Dist, sharding: str, **options) -> torch.nn.Module:
-    """The module the training forward runs through: plain, DDP, or FSDP2-sharded (parameters in place).
-    `options` go to `LogprobModule`."""
+def wrap_for_training(model, dist: Dist, sharding: str, path: ForwardPath, *, train_mode: bool = False) -> torch.nn.Module:
+    """The module the training forward runs through: a `LogprobModule` computing as `path` says, plain, in DDP,
+    or over FSDP2-sharded parameters (in place; `path` must then be `forward_path(..., sharded=True)`)."""
     if dist.world_size == 1 and sharding != "fsdp":
-        return LogprobModule(model, **options)
+        return LogprobModule(model, path, train_mode=train_mode)
     if sharding == "fsdp":
         from torch.distributed.fsdp import fully_shard
         for layer in _decoder_layers(model):
             fully_shard(layer)
         fully_shard(model)
-        # sharded parameters are gathered by the root's forward: go through it (full logits, chunked log-probs)
-        return LogprobModule(model, **{**options, "fused": False})
+        return LogprobModule(model, path, train_mode=train_mode)
     from torch.nn.parallel import DistributedDataParallel
     ids = [dist.local_rank] if dist.backend == "nccl" else None
-    return DistributedDataParallel(LogprobModule(model, **options), device_ids=ids)
+    return DistributedDataParallel(LogprobModule(model, path, train_mode=train_mode), device_ids=ids)
 
 
 def _decoder_layers(model) -> list[torch.nn.Module]:
     decoder = model.get_decoder()
     layers = getattr(decoder, "layers", None)
     return list(layers) if layers is not None else []
-
-
-def is_sharded(module) -> bool:
-    """Whether any of `module`'s parameters is an FSDP2 shard (a DTensor). Any, not the first: after a forward
-    the root module's parameters (embeddings, final norm) can stay gathered as plain tensors while the decoder
-    layers' are shards."""
-    return hasattr(module, "parameters") and any(hasattr(p, "full_tensor") for p in module.parameters())
-
-
-def inference(module: torch.nn.Module):
-    """A context without autograd for forward passes through `module`: inference mode (no bookkeeping at all),
-    except for FSDP2-sharded parameters, whose gathered buffers must stay usable by the training passes."""
-    return torch.no_grad() if is_sharded(module) else torch.inference_mode()
 
 
 def no_sync(module: torch.nn.Module, skip: bool):

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,9 @@ from grpo.distributed import Dist
 from grpo.rewards import RewardFn
 from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
+
+if TYPE_CHECKING:
+    from grpo.envs import Environment
 
 
 def example_fields(examples: Sequence[Example], repeat: int = 1) -> dict[str, list]:
@@ -30,11 +34,12 @@ def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat
     return torch.tensor([float(v or 0.0) >= 1.0 for v in values]).view(len(examples), repeat)
 
 
-def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *, max_new_tokens: int,
-             pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-             dist: Dist | None = None, render: Callable[[str], str] = str) -> dict[str, float]:
+def evaluate(environment: Environment, generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *,
+             max_new_tokens: int, pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
+             dist: Dist | None = None) -> dict[str, float]:
     """`eval/accuracy` (greedy), `eval/pass@k` (k samples, at least one correct), per family when the
-    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`.
+    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`. Episodes run through the
+    environment, as in training.
 
     With several processes each evaluates an equal share and the results are gathered: every process returns
     the same figures, equal to a single process's (a prompt's samples depend on its seed only)."""
@@ -43,8 +48,7 @@ def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: Rewa
     per = math.ceil(n / dist.world_size)
     index = [min(i, n - 1) for i in range(dist.rank * per, (dist.rank + 1) * per)]  # padded to equal shares
     mine = [examples[i] for i in index]
-    prompts = [render(e.prompt) for e in mine]
-    greedy = generator.generate(prompts, Sampling(1, max_new_tokens, temperature=0.0))
+    greedy = environment.rollout(generator, mine, Sampling(1, max_new_tokens, temperature=0.0))
     ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1)[:, 0].float())[:n].bool()
     lengths = dist.gather(greedy.lengths.float().cpu())[:n]
     metrics = {"eval/accuracy": ok.float().mean().item(), "eval/mean_length": lengths.mean().item()}
@@ -56,7 +60,7 @@ def evaluate(generator: Generator, examples: Sequence[Example], correct_fn: Rewa
         metrics.update({f"eval/accuracy/{k}": sum(v) / len(v) for k, v in sorted(families.items())})
     if pass_k > 0:
         seeds = [sampling_seed(seed, EVAL, i) for i in index]
-        sampled = generator.generate(prompts, Sampling(pass_k, max_new_tokens, temperature, top_p), seeds)
+        sampled = environment.rollout(generator, mine, Sampling(pass_k, max_new_tokens, temperature, top_p), seeds)
         hits = _correct(correct_fn, mine, sampled.texts, pass_k).float()
         hits = dist.gather(hits.reshape(-1)).view(-1, pass_k)[:n].bool()
         metrics[f"eval/pass@{pass_k}"] = hits.any(dim=1).float().mean().item()

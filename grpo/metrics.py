@@ -1,12 +1,17 @@
 """Run outputs: metrics.jsonl (one line per step), samples.jsonl, TensorBoard events, a progress bar with the
-live figures, and a PNG chart of reward and held-out accuracy against step."""
+live figures, and a PNG chart of reward and held-out accuracy against step; and the arithmetic of a step's
+figures (`step_metrics`, `sample_rows`)."""
 from __future__ import annotations
 
 import json
 import math
 from pathlib import Path
 
+import torch
+
 from grpo.config import LogConfig
+from grpo.distributed import Dist
+from grpo.experience import Experience
 
 BAR_FIELDS = {"reward/mean": "reward", "eval/accuracy": "acc", "kl": "kl", "completion/mean_length": "len",
               "perf/step_seconds": "s/step"}
@@ -134,3 +139,62 @@ def draw_chart(history: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a step's figures
+
+def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size: int, seconds: float,
+                 rollout_seconds: float, lr: float) -> dict[str, float]:
+    """Figures of the whole step (every process), the update's averaged over the μ updates."""
+    rewards = exp.all_rewards
+    lengths = dist.gather(exp.lengths.float().cpu())
+    m: dict[str, float] = {"reward/mean": _nanmean(rewards), "reward/std": _nanstd(rewards)}
+    for name, values in exp.per_fn.items():
+        m[f"reward/{name}"] = _nanmean(dist.gather(values))
+    spread = rewards.view(-1, group_size).nan_to_num(0.0)
+    m["adv/std_zero_frac"] = (spread.amax(1) == spread.amin(1)).float().mean().item()
+    u = {k: dist.sum(sum(d[k] for d in updates)) / len(updates) for k in updates[0]
+         if k not in ("grad_norm", "nonfinite")}
+    tokens = max(u.pop("tokens"), 1.0)
+    m.update({k: u[k] / tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac")})
+    m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
+    m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
+    m["completion/mean_length"] = lengths.mean().item()
+    m["completion/truncated_frac"] = dist.gather(exp.truncated.float().cpu()).mean().item()
+    m["lr"] = lr
+    m.update(exp.stats)
+    m["perf/step_seconds"] = seconds
+    m["perf/rollout_seconds"] = rollout_seconds
+    m["perf/completion_tokens"] = lengths.sum().item()
+    m["perf/tokens_per_s"] = lengths.sum().item() / max(seconds, 1e-9)
+    return m
+
+
+def sample_rows(exp: Experience, groups: int) -> list[dict]:
+    """The first `groups` groups of the step for samples.jsonl: prompt, answer, completion, rewards, advantage
+    (of the first token: an outcome advantage is the same on every token)."""
+    rows = []
+    for j in range(len(exp)):
+        if int(exp.group[j]) >= groups:
+            break
+        e = exp.examples[int(exp.group[j])]
+        row = {"prompt": e.prompt, "answer": e.answer, "completion": exp.texts[j],
+               "reward": _json_float(exp.rewards[j].item()), "advantage": exp.advantages[j, 0].item(),
+               "truncated": bool(exp.truncated[j])}
+        row.update({f"reward/{k}": _json_float(v[j].item()) for k, v in exp.per_fn.items()})
+        rows.append(row)
+    return rows
+
+
+def _nanmean(x: torch.Tensor) -> float:
+    return x.nanmean().item() if (~x.isnan()).any() else float("nan")
+
+
+def _nanstd(x: torch.Tensor) -> float:
+    x = x[~x.isnan()]
+    return x.std().item() if x.numel() > 1 else 0.0
+
+
+def _json_float(v: float) -> float | None:
+    return None if math.isnan(v) else v

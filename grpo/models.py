@@ -1,8 +1,7 @@
-"""Loading the policy, its tokenizer and the reference; LoRA through peft; prompt formatting."""
+"""Loading the policy, its tokenizer and the reference; LoRA through peft."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -111,19 +110,3 @@ def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: Lo
         return
     model.save_pretrained(out / "model", state_dict=state_dict)
     tokenizer.save_pretrained(out / "model")
-
-
-def prompt_formatter(tokenizer, cfg: ModelConfig) -> Callable[[str], str]:
-    """Prompt text → the text the model sees: as is, or through the tokenizer's chat template."""
-    if not cfg.chat_template:
-        return lambda text: text
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError("model.chat_template is on but the tokenizer has no chat template; turn it off or use "
-                        "a chat model's tokenizer")
-
-    def render(text: str) -> str:
-        messages = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else [])
-        messages.append({"role": "user", "content": text})
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-    return render

@@ -28,6 +28,7 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from grpo.envs import SingleTurn  # noqa: E402
 from grpo.evaluation import evaluate  # noqa: E402
 from grpo.rewards import last_number  # noqa: E402
 from grpo.rollout import HFGenerator, Sampling  # noqa: E402
@@ -121,7 +122,7 @@ def main() -> None:
     model.eval()
     generator = HFGenerator(model, tok)
     held_out = task.eval[:args.eval_size] if args.eval_size else task.eval
-    held = evaluate(generator, held_out, last_number, max_new_tokens=args.max_new_tokens, pass_k=8,
+    held = evaluate(SingleTurn(), generator, held_out, last_number, max_new_tokens=args.max_new_tokens, pass_k=8,
                     temperature=1.0, seed=0)
     held.update(mixture(generator, held_out, 8, args.max_new_tokens))
     report = {"parameters": params, "sft_seconds": round(sft_seconds, 1), "threads": args.threads,

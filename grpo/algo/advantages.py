@@ -138,6 +138,21 @@ def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, grou
     return adv.to(_out_dtype(step_rewards))
 
 
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups carry a learning signal: (N,) rewards → (N / G,) bool, True where the group's valid (non-NaN)
+    rewards are not all equal. The filter of DAPO's dynamic sampling (SPEC 13.8: the std of the total reward
+    is 0, which works for continuous rewards too); a group with fewer than two valid rewards is not informative.
+
+    Example: G = 4, rewards [1, 0, 0, 1, 1, 1, 1, 1, 0.5, 0.5, nan, 0.5] → [True, False, False].
+    """
+    g = _grouped(rewards, group_size)
+    valid = ~torch.isnan(g)
+    big = torch.finfo(g.dtype).max
+    lo = torch.where(valid, g, torch.full_like(g, big)).amin(dim=1)
+    hi = torch.where(valid, g, torch.full_like(g, -big)).amax(dim=1)
+    return hi > lo
+
+
 def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 

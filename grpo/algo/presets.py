@@ -23,6 +23,8 @@ class Preset:
     ratio_level: str
     aggregation: str
     note: str = ""
+    # sampling
+    dynamic_sampling: bool = False
 
     def advantage_kwargs(self) -> dict:
         return {"scale": self.scale, "std": self.std}
@@ -47,9 +49,9 @@ PRESETS: dict[str, Preset] = {
     "dapo": Preset(
         "dapo", "Yu et al. 2025, DAPO, arXiv:2503.14476 (eq. 8, §3.1–3.3)",
         scale="group", std="sample", beta=0.0, clip_low=0.2, clip_high=0.28,
-        ratio_level="token", aggregation="token_mean",
-        note="clip-higher (0.2/0.28), token-level mean over the whole step, no KL; dynamic sampling and the "
-             "soft overlong punishment are separate options"),
+        ratio_level="token", aggregation="token_mean", dynamic_sampling=True,
+        note="clip-higher (0.2/0.28), token-level mean over the whole step, no KL, dynamic sampling (groups "
+             "whose rewards are all equal are replaced); the soft overlong punishment is a reward (overlong)"),
     "gspo": Preset(
         "gspo", "Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071 (§5.1)",
         scale="group", std="sample", beta=0.0, clip_low=3e-4, clip_high=4e-4,

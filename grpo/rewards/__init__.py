@@ -1,9 +1,14 @@
-"""Reward functions: plain callables `(prompts, completions, **example_fields) -> list[float | None]`.
+"""Reward functions: plain callables `(prompts, completions, **example_fields) -> list`.
 
 This is TRL's convention: `prompts` and `completions` are lists of strings of equal length, and every field
 of the examples (`answer` and any extra column) arrives as a keyword argument holding one value per
-completion. `None` means "does not apply to this completion": it is left out of the group statistics.
-Built-ins are named in `REWARDS`; any importable `module:function` works too.
+completion. A function returns one value per completion:
+- a float: an outcome reward for the whole completion;
+- a list of steps `(end, reward)`: a process reward (DeepSeekMath §4.1.3), one reward per reasoning step, `end`
+  being the character offset in the completion text just after the step (`text[:end]` ends with it);
+- `None`: "does not apply to this completion"; it is left out of the group statistics.
+One function returns floats or step lists, not both. Built-ins are named in `REWARDS`; any importable
+`module:function` works too. `score` runs them; `grpo.collect` turns the scores into advantages.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ import importlib
 import math as _math  # grpo.rewards.math_answers (a submodule) would shadow a plain "math"
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -81,8 +87,15 @@ def overlong(prompts: Sequence[str], completions: Sequence[str], **fields) -> li
     return by_chars(prompts, completions, **fields)
 
 
+def arithmetic_steps(prompts: Sequence[str], completions: Sequence[str], **fields) -> list:
+    """A process reward for the built-in tasks: each worked step ` a op b = c` scores 1.0 when it is the
+    corresponding step of the correct working, else 0.0. See `grpo.rewards.steps.arithmetic_steps`."""
+    from grpo.rewards.steps import arithmetic_steps as steps
+    return steps(prompts, completions, **fields)
+
+
 REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "last_number": last_number, "math": math,
-                                 "format": format, "overlong": overlong}
+                                 "format": format, "overlong": overlong, "arithmetic_steps": arithmetic_steps}
 
 
 def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int | None = None,
@@ -95,9 +108,7 @@ def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int |
         fn = resolve_reward(name)
         if name == "overlong" and tokenizer is not None and max_new_tokens:
             from grpo.rewards.math_answers import make_overlong_penalty
-            buffer = overlong_buffer or max(1, max_new_tokens // 4)
-            if buffer > max_new_tokens:
-                raise ConfigError(f"overlong_buffer={buffer} is larger than rollout.max_new_tokens={max_new_tokens}")
+            buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (config.validate)
 
             def tokens(text: str) -> int:
                 return len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -138,19 +149,35 @@ def _culprit(fn: RewardFn, prompts, completions, fields) -> int | None:
     return None
 
 
+Step = tuple[int, float]  # (end: character offset just after the step, reward)
+
+
+@dataclass
+class Scores:
+    """What the reward functions said of N completions."""
+
+    total: torch.Tensor                 # (N,) weighted sum over the functions that apply (NaN if none does)
+    per_fn: dict[str, torch.Tensor]     # name -> (N,) unweighted; a process function's value is its step mean
+    outcome: torch.Tensor | None        # (N,) weighted sum of the outcome functions (NaN if none applies); None
+                                        # when no function gave outcome rewards
+    steps: list[list[Step]] | None      # per completion, the weighted steps of every process function, in order
+                                        # of `end`; None when no function gave step rewards
+
+
 def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[float] | None, prompts: Sequence[str],
-          completions: Sequence[str], fields: dict[str, list]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Run every reward function; return the weighted total (N,) and each function's rewards (N,), keyed by
-    the name given in a (name, function) pair or else the function's __name__.
+          completions: Sequence[str], fields: dict[str, list]) -> Scores:
+    """Run every reward function on the N completions, each function once, keyed by the name given in a
+    (name, function) pair or else the function's __name__.
 
     None becomes NaN. A completion that no function scores gets a NaN total (advantage 0); otherwise the
-    total sums the functions that apply (NaN-aware, as TRL does).
+    total sums the functions that apply (NaN-aware, as TRL does). Outcome and process functions are kept apart
+    (`Scores.outcome`, `Scores.steps`): their advantages are normalised separately (`grpo.collect`).
     """
     named = [f if isinstance(f, tuple) else (reward_name(f), f) for f in fns]
     weights = [1.0] * len(named) if weights is None else list(weights)
     n = len(completions)
-    per_fn = {}
-    for name, fn in named:
+    per_fn, outcome, steps = {}, [], None
+    for (name, fn), w in zip(named, weights, strict=True):
         try:
             values = fn(prompts=list(prompts), completions=list(completions), **fields)
         except Exception as e:  # a user's function: say which one, and on which example
@@ -161,14 +188,54 @@ def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[floa
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             raise DataError(f"reward function {name!r} returned {got} values for {n} completions; it must "
-                            "return one float (or None) per completion")
-        try:
-            per_fn[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
-                                        dtype=torch.float32)
-        except (TypeError, ValueError):
-            bad = next(v for v in values if v is not None and not isinstance(v, (int, float)))
-            raise DataError(f"reward function {name!r} returned {bad!r}; rewards must be floats or None") from None
-    stacked = torch.stack([per_fn[name] * w for (name, _), w in zip(named, weights, strict=True)])  # (F, N)
+                            "return one float, list of (end, reward) steps, or None per completion")
+        if any(isinstance(v, (list, tuple)) for v in values):
+            parsed = [_steps(name, v, completions[i]) for i, v in enumerate(values)]
+            per_fn[name] = torch.tensor([float("nan") if p is None else sum(r for _, r in p) / len(p) if p
+                                         else float("nan") for p in parsed], dtype=torch.float32)
+            steps = steps or [[] for _ in range(n)]
+            for mine, p in zip(steps, parsed):
+                mine.extend((end, w * r) for end, r in p or [])
+        else:
+            try:
+                per_fn[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
+                                            dtype=torch.float32)
+            except (TypeError, ValueError):
+                bad = next(v for v in values if v is not None and not isinstance(v, (int, float)))
+                raise DataError(f"reward function {name!r} returned {bad!r}; rewards must be floats, lists of "
+                                "(end, reward) steps, or None") from None
+            outcome.append(per_fn[name] * w)
+    stacked = torch.stack([per_fn[name] * w for (name, _), w in zip(named, weights)])  # (F, N)
     total = torch.nansum(stacked, dim=0)
     total[torch.isnan(stacked).all(dim=0)] = float("nan")
-    return total, per_fn
+    out = None
+    if outcome:
+        outcome = torch.stack(outcome)
+        out = torch.nansum(outcome, dim=0)
+        out[torch.isnan(outcome).all(dim=0)] = float("nan")
+    if steps is not None:
+        steps = [sorted(s, key=lambda step: step[0]) for s in steps]
+    return Scores(total, per_fn, out, steps)
+
+
+def _steps(name: str, value, text: str) -> list[Step] | None:
+    """One completion's value from a process function, checked: None, or a list of (end, reward)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise DataError(f"reward function {name!r} returned step lists for some completions and {value!r} for "
+                        "another; a function returns floats or lists of (end, reward) steps, not both")
+    out = []
+    for step in value:
+        try:
+            end, reward = step
+            end_ok = isinstance(end, int) and not isinstance(end, bool)
+            reward = float(reward)
+        except (TypeError, ValueError):
+            end_ok = False
+        if not end_ok or not 0 <= end <= len(text) or _math.isnan(reward):
+            raise DataError(f"reward function {name!r} returned the step {step!r} for completion {text!r}; a step "
+                            f"is (end, reward) with end an int in 0..{len(text)} (a character offset just after "
+                            "the step) and reward a number")
+        out.append((end, reward))
+    return out

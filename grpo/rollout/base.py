@@ -1,4 +1,5 @@
-"""What a rollout backend returns, and the sampling parameters it takes (SPEC 9, steps 1–2)."""
+"""The rollout-backend seam: the `Generator` protocol, the `Rollout` it returns and the `Sampling` it takes
+(SPEC 9, steps 1–2). Backends are named in `grpo.rollout.BACKENDS` and built by `build_generator`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -34,13 +35,62 @@ class Rollout:
     completion_mask: torch.Tensor  # (N, T) 1 up to and including the first EOS, from positions (SPEC 12)
     truncated: torch.Tensor        # (N,) bool: no EOS within max_new_tokens
     texts: list[str]               # decoded completions, EOS and padding left out
+    # (N, T) 1 on the tokens that are the model's to learn: the generator's own tokens are (completion_mask, the
+    # default); an environment zeroes the tokens it inserted itself (tool output, say)
+    loss_mask: torch.Tensor | None = None
+    # (N, T) float32 log-probs the sampling engine reported for the tokens it sampled, 0 on padding; None when
+    # the sampler is the trainer's own forward (the in-process generator), whose log-probs the trainer computes
+    sampler_logp: torch.Tensor | None = None
+
+    def __post_init__(self):
+        n, t = self.completion_ids.shape
+        if self.loss_mask is None:
+            self.loss_mask = self.completion_mask.clone()
+        for name in ("completion_mask", "loss_mask", "sampler_logp"):
+            x = getattr(self, name)
+            if x is not None and tuple(x.shape) != (n, t):
+                raise ValueError(f"Rollout.{name} has shape {tuple(x.shape)}; completion_ids has {(n, t)}")
+        if self.prompt_ids.shape[0] != n or self.prompt_mask.shape != self.prompt_ids.shape:
+            raise ValueError(f"Rollout prompts have shapes {tuple(self.prompt_ids.shape)} and "
+                             f"{tuple(self.prompt_mask.shape)} for {n} completions")
+        if self.truncated.shape != (n,) or len(self.texts) != n:
+            raise ValueError(f"Rollout has {n} completions but {tuple(self.truncated.shape)} truncation flags "
+                             f"and {len(self.texts)} texts")
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
 
     @property
-    def lengths(self) -> torch.Tensor:  # (N,) loss-bearing tokens per completion, EOS included
+    def lengths(self) -> torch.Tensor:  # (N,) tokens per completion, EOS included
         return self.completion_mask.sum(1)
+
+    def select(self, rows: Sequence[int]) -> Rollout:
+        """These rows, in this order."""
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.completion_ids.device)
+        pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
+        return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids),
+                       pick(self.completion_mask), pick(self.truncated), [self.texts[i] for i in index.tolist()],
+                       pick(self.loss_mask), pick(self.sampler_logp))
+
+
+def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
+    """The rows of `parts` one after another; prompts re-padded on the left, completions on the right, to the
+    widest part. Sampler log-probs are kept only when every part has them."""
+    def cat(tensors: list[torch.Tensor], value, left: bool) -> torch.Tensor:
+        width = max(t.shape[1] for t in tensors)
+        padded = []
+        for t in tensors:
+            fill = t.new_full((t.shape[0], width - t.shape[1]), value)
+            padded.append(torch.cat([fill, t] if left else [t, fill], dim=1))
+        return torch.cat(padded)
+
+    logp = None
+    if all(p.sampler_logp is not None for p in parts):
+        logp = cat([p.sampler_logp for p in parts], 0.0, False)
+    return Rollout(cat([p.prompt_ids for p in parts], pad_id, True), cat([p.prompt_mask for p in parts], 0, True),
+                   cat([p.completion_ids for p in parts], pad_id, False),
+                   cat([p.completion_mask for p in parts], 0, False), torch.cat([p.truncated for p in parts]),
+                   [t for p in parts for t in p.texts], cat([p.loss_mask for p in parts], 0, False), logp)
 
 
 TRAIN, EVAL, SAMPLE = 0, 1, 2  # seed streams, so training, evaluation and `grpo sample` never share draws
@@ -53,5 +103,13 @@ def sampling_seed(run_seed: int, stream: int, index: int) -> int:
 
 
 class Generator(Protocol):
+    """A rollout backend. `grpo.rollout.build_generator` makes one from the config; the trainer, `grpo eval` and
+    `grpo sample` all sample through it."""
+
     def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
-        """n completions per prompt, prompt by prompt; prompt i samples from a generator seeded by seeds[i]."""
+        """n completions per prompt, prompt by prompt; prompt i samples from a generator seeded by seeds[i].
+        A backend whose engine reports log-probs of the sampled tokens returns them as `Rollout.sampler_logp`."""
+
+    def sync_weights(self, model) -> None:
+        """Make the engine sample from `model`'s current weights. Called after every optimiser step; a no-op for
+        a generator that samples from the training model itself."""

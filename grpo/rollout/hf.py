@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from grpo.distributed import inference
-from grpo.rollout.base import Rollout, Sampling
+from grpo.policy.context import inference
+from grpo.rollout.base import Rollout, Sampling, concat_rollouts
 from grpo.rollout.lean import LeanDecoding
 
 
@@ -43,7 +43,8 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor 
 
 
 class HFGenerator:
-    """Sampling from a `transformers` causal LM on the device of its weights."""
+    """Sampling from a `transformers` causal LM on the device of its weights: the training model itself, so
+    `sync_weights` has nothing to do and the trainer computes the old log-probs (`Rollout.sampler_logp` is None)."""
 
     def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256,
                  all_finished: Callable[[bool], bool] | None = None, add_special_tokens: bool = True,
@@ -69,6 +70,9 @@ class HFGenerator:
         self.eos_ids = torch.tensor(sorted(set(eos)))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0].item()
 
+    def sync_weights(self, model) -> None:
+        """Nothing to do: this generator samples from the model being trained."""
+
     def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
         """n completions per prompt; `seeds` gives each prompt's sampling seed (None: drawn from torch's
         global generator)."""
@@ -78,7 +82,7 @@ class HFGenerator:
             raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
         b = self.max_batch_prompts
         parts = [self._generate(prompts[i:i + b], sampling, seeds[i:i + b]) for i in range(0, len(prompts), b)]
-        return parts[0] if len(parts) == 1 else _concat(parts, self.pad_id)
+        return parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
 
     def _generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
         # inference mode skips autograd's bookkeeping on every op; the results are cloned out of it, as
@@ -159,18 +163,3 @@ class HFGenerator:
             return out.logits[:, -1]
 
         return step, out.logits[:, -1].repeat_interleave(n, dim=0)
-
-
-def _concat(parts: list[Rollout], pad_id: int) -> Rollout:
-    def cat(tensors: list[torch.Tensor], value: int, left: bool) -> torch.Tensor:
-        width = max(t.shape[1] for t in tensors)
-        padded = []
-        for t in tensors:
-            fill = t.new_full((t.shape[0], width - t.shape[1]), value)
-            padded.append(torch.cat([fill, t] if left else [t, fill], dim=1))
-        return torch.cat(padded)
-
-    return Rollout(cat([p.prompt_ids for p in parts], pad_id, True), cat([p.prompt_mask for p in parts], 0, True),
-                   cat([p.completion_ids for p in parts], pad_id, False),
-                   cat([p.completion_mask for p in parts], 0, False),
-                   torch.cat([p.truncated for p in parts]), [t for p in parts for t in p.texts])

@@ -2,8 +2,8 @@
 
 A decoding step of a small model is mostly overhead: for the 1 M parameter benchmark model on a CPU,
 transformers' forward takes about 2.4 ms a step, of which the matmuls are 0.6. This module runs the prefill and
-the decoding steps of the models `grpo.lean.supported` accepts, with the layer pieces of `grpo.lean`:
-- the prefill is `grpo.lean.completion_hidden` over the prompts alone, each prompt once; its keys and values go
+the decoding steps of the models `grpo.policy.lean.supported` accepts, with the layer pieces of `grpo.policy.lean`:
+- the prefill is `grpo.policy.lean.completion_hidden` over the prompts alone, each prompt once; its keys and values go
   straight into buffers sized for the whole completion, one copy per completion of the group;
 - each step writes its keys and values into those buffers in place. The query, key and value projections run
   as one matmul over a copy of their weights made per batch (at most a quarter of the layers' weights, much
@@ -11,7 +11,7 @@ the decoding steps of the models `grpo.lean.supported` accepts, with the layer p
   from a table of cos and sin made once per batch (except for the RoPE types that rescale with the length).
   For a float32 model without autocast the single-query attention is two batched matmuls over the buffers, with
   the key padding as an additive bias; under autocast, or in another dtype, it is the model's kernel
-  (`grpo.lean.attention`), as in transformers.
+  (`grpo.policy.lean.attention`), as in transformers.
 The tests check its logits and tokens against transformers' forward. Any other model gets None from
 `LeanDecoding.prefill` and decodes with transformers' forward.
 """
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grpo.lean import attention, completion_hidden, mlp, norm, rotate_half, supported
+from grpo.policy.lean import attention, completion_hidden, mlp, norm, rotate_half, supported
 
 
 class LeanDecoding:

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 FAST = ["rollout.group_size=4", "train.prompts_per_step=4", "rollout.max_new_tokens=5", "eval.size=8",
         "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false", "train.lr=1e-3",
-        "log.samples_every=1", "train.micro_batch_size=3"]
+        "log.samples_every=1", "compute.micro_batch_size=3"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
@@ -20,7 +20,7 @@ def grpo_train(out, model_dir, *extra, nproc=1):
     if nproc > 1:
         args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     else:
-        args.append("train.threads=1")
+        args.append("compute.threads=1")
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
@@ -49,14 +49,18 @@ def assert_same(a, b, atol=1e-6):
 
 @pytest.mark.parametrize("extra", [
     ["algo.preset=grpo", "algo.num_iterations=2"],                     # beta > 0, mu > 1, seq_mean
-    ["algo.preset=dapo", "algo.scale=batch"],                           # step-wide token mean, batch std
+    # step-wide token mean, batch std, dynamic sampling under a reward that leaves some groups without signal
+    ["algo.preset=dapo", "algo.scale=batch", "rewards=[tests.integration.rewards:starts_below_digits]"],
 ])
 def test_two_processes_equal_one(tmp_path, random_model_dir, extra):
-    grpo_train(tmp_path / "one", random_model_dir, "train.steps=1", *extra)
-    grpo_train(tmp_path / "two", random_model_dir, "train.steps=1", *extra, nproc=2)
+    steps = "train.steps=2" if "algo.preset=dapo" in extra else "train.steps=1"
+    grpo_train(tmp_path / "one", random_model_dir, steps, *extra)
+    grpo_train(tmp_path / "two", random_model_dir, steps, *extra, nproc=2)
     assert_same(tmp_path / "one", tmp_path / "two")
     samples = (tmp_path / "two" / "samples.jsonl").read_text().splitlines()
-    assert len(samples) == 2 * 4  # rank 0 writes its own groups only, once
+    assert len(samples) == int(steps[-1]) * 2 * 4  # rank 0 writes its own groups only, once a step
+    if "algo.preset=dapo" in extra:  # groups were dropped and replaced, identically on one and two processes
+        assert sum(r["sampling/groups_dropped"] for r in metrics(tmp_path / "two")[1:]) > 0
 
 
 def test_fsdp2_equals_one_process_and_its_checkpoint_loads_in_one(tmp_path, random_model_dir):
@@ -64,9 +68,9 @@ def test_fsdp2_equals_one_process_and_its_checkpoint_loads_in_one(tmp_path, rand
     # where the reference and policy log-probs agree bit for bit, and rounding noise that AdamW magnifies to
     # lr-sized steps where they do not. FSDP2's training pass runs every row in full, so prompt sharing is off
     # in both runs, for the reference too
-    full = "train.share_prompt=false"
+    full = "compute.share_prompt=false"
     grpo_train(tmp_path / "one", random_model_dir, "train.steps=2", "eval.every=1", full)
-    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "train.sharding=fsdp", "train.save_every=1",
+    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "compute.sharding=fsdp", "train.save_every=1",
                "eval.every=1", full, nproc=2)
     ckpt = tmp_path / "fsdp" / "checkpoints" / "step-00000001"
     assert (ckpt / "COMPLETE").exists()

@@ -12,7 +12,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import grpo.trainer as trainer
 from grpo.config import load_config
-from grpo.distributed import LogprobModule
+from grpo.policy import LogprobModule
 from grpo.models import load_model
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -118,7 +118,7 @@ def test_chat_template_reaches_the_model(assets, monkeypatch):
     cfg = load_config(None, overrides(dirs["qwen2"], data, "unused", "model.chat_template=true",
                                       "model.system_prompt=Be brief."))
     _, tok = load_model(cfg.model)
-    from grpo.models import prompt_formatter
+    from grpo.envs import prompt_formatter
     text = prompt_formatter(tok, cfg.model)("What is 2 + 2?")
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n"
                     "<|im_start|>assistant\n")

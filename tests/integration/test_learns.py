@@ -36,7 +36,7 @@ def test_short_run_raises_held_out_accuracy(tmp_path):
 @pytest.mark.slow
 def test_two_processes_learn_as_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    common = ["grpo/configs/tiny.yaml", *short(20, 200), "train.threads=1"]
+    common = ["grpo/configs/tiny.yaml", *short(20, 200), "compute.threads=1"]
     out = {}
     for n in (1, 2):
         out[n] = tmp_path / f"p{n}"

@@ -18,7 +18,7 @@ from grpo.errors import ConfigError
 
 FAST = ["rollout.group_size=4", "train.prompts_per_step=3", "rollout.max_new_tokens=5", "eval.size=8",
         "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false", "train.lr=1e-3",
-        "log.samples_every=1", "train.threads=2"]
+        "log.samples_every=1", "compute.threads=2"]
 
 
 def cfg_for(model_dir, out, *extra):
@@ -43,7 +43,7 @@ def assert_same_run(a, b):
 
 def test_resume_is_bit_for_bit(tmp_path, random_model_dir):
     k = 3
-    common = ["algo.num_iterations=2", "algo.beta=0.04", f"eval.every={k}", "train.lr_schedule=constant"]
+    common = ["algo.num_iterations=2", "algo.beta=0.04", f"eval.every={k}", "optim.lr_schedule=constant"]
     trainer.train(cfg_for(random_model_dir, tmp_path / "straight", f"train.steps={2 * k}", *common))
     trainer.train(cfg_for(random_model_dir, tmp_path / "split", f"train.steps={k}", f"train.save_every={k}",
                           *common))
@@ -51,6 +51,19 @@ def test_resume_is_bit_for_bit(tmp_path, random_model_dir):
                                    "train.resume=auto", *common))
     assert result.resumed_from.name == f"step-{k:08d}"
     assert_same_run(tmp_path / "straight", tmp_path / "split")
+
+
+def test_resume_is_bit_for_bit_with_dynamic_sampling(tmp_path, random_model_dir):
+    # a reward under which some groups of the random model are uninformative, so steps draw extra rounds
+    common = ["algo.preset=dapo", "rewards=[tests.integration.rewards:starts_below_digits]", "eval.every=2",
+              "algo.max_sampling_rounds=3"]
+    trainer.train(cfg_for(random_model_dir, tmp_path / "straight", "train.steps=4", *common))
+    trainer.train(cfg_for(random_model_dir, tmp_path / "split", "train.steps=2", "train.save_every=2", *common))
+    trainer.train(cfg_for(random_model_dir, tmp_path / "split", "train.steps=4", "train.resume=auto", *common))
+    assert_same_run(tmp_path / "straight", tmp_path / "split")
+    logged = rows(tmp_path / "straight")[1:]
+    assert sum(r["sampling/groups_dropped"] for r in logged) > 0  # dynamic sampling did replace groups
+    assert all(r["sampling/prompts_drawn"] == 3 * r["sampling/rounds"] for r in logged)
 
 
 def test_keep_last_and_torn_checkpoints_are_skipped(tmp_path, random_model_dir):
@@ -86,12 +99,14 @@ def test_config_that_breaks_exactness_is_refused(tmp_path, random_model_dir):
     assert "algo.beta: 0.04 -> 0.1" in msg and "rollout.group_size: 4 -> 8" in msg and "\n" not in msg
     # harmless: more steps, other logging and evaluation settings, micro-batch size
     result = trainer.train(cfg_for(random_model_dir, out, "train.steps=3", "train.resume=auto",
-                                   "log.samples_every=2", "eval.every=5", "train.micro_batch_size=4"))
+                                   "log.samples_every=2", "eval.every=5", "compute.micro_batch_size=4"))
     assert result.steps_done == 3 and [r["step"] for r in rows(out)] == [0, 1, 2, 3]
 
 
 def test_nonfinite_updates_are_skipped_then_abort(tmp_path, random_model_dir, monkeypatch):
-    real = trainer.policy_loss
+    import grpo.learn as learn
+
+    real = learn.policy_loss
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -99,11 +114,11 @@ def test_nonfinite_updates_are_skipped_then_abort(tmp_path, random_model_dir, mo
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] >= 2 else loss), stats  # finite first step, then NaN
 
-    monkeypatch.setattr(trainer, "policy_loss", flaky)
+    monkeypatch.setattr(learn, "policy_loss", flaky)
     out = tmp_path / "nan"
     with pytest.raises(trainer.TrainingAborted) as e:
         trainer.train(cfg_for(random_model_dir, out, "train.steps=10", "train.max_nonfinite_steps=3",
-                              "train.micro_batch_size=64", "train.save_every=1"))
+                              "compute.micro_batch_size=64", "train.save_every=1"))
     assert "aborted at step 4: non-finite loss in 3 consecutive steps (train.max_nonfinite_steps=3)" in str(e.value)
     assert "no weights were written; the last good checkpoint is" in str(e.value)
     assert str(e.value).count("step-00000003") == 1  # step 4 aborted before its checkpoint

@@ -31,8 +31,8 @@ def strip_perf(rows):
     ["algo.preset=grpo", "algo.num_iterations=2"], ["algo.scale=rloo", "algo.mask_truncated=true"],
 ])
 def test_micro_batch_size_changes_nothing(tmp_path, random_model_dir, extra):
-    assert_same_run(run(tmp_path, random_model_dir, "whole", "train.micro_batch_size=64", *extra),
-                    run(tmp_path, random_model_dir, "micro", "train.micro_batch_size=5", *extra))
+    assert_same_run(run(tmp_path, random_model_dir, "whole", "compute.micro_batch_size=64", *extra),
+                    run(tmp_path, random_model_dir, "micro", "compute.micro_batch_size=5", *extra))
 
 
 def assert_same_run(a, b):
@@ -48,9 +48,9 @@ def assert_same_run(a, b):
 
 @pytest.mark.parametrize("extra", [["algo.preset=grpo"], ["algo.preset=gspo", "algo.num_iterations=2"]])
 def test_token_budget_and_prompt_sharing_change_nothing(tmp_path, random_model_dir, extra):
-    whole = run(tmp_path, random_model_dir, "whole", "train.share_prompt=false", *extra)
+    whole = run(tmp_path, random_model_dir, "whole", "compute.share_prompt=false", *extra)
     # 9-token budget: one to three rows per pass; groups of 4 split across micro-batches, prompts shared
-    assert_same_run(whole, run(tmp_path, random_model_dir, "budget", "train.micro_batch_tokens=9", *extra))
+    assert_same_run(whole, run(tmp_path, random_model_dir, "budget", "compute.micro_batch_tokens=9", *extra))
 
 
 def test_same_seed_same_run_and_another_seed_another(tmp_path, random_model_dir):

@@ -121,3 +121,14 @@ def test_process_supervision_unsorted_steps_and_equal_rewards():
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+def test_informative_groups_are_those_whose_rewards_differ():
+    from grpo.algo import informative_groups
+
+    nan = float("nan")
+    r = torch.tensor([1, 0, 0, 1, 1, 1, 1, 1, 0.5, 0.5, nan, 0.5, 0.2, 0.9, 0.4, 0.4, nan, nan, nan, 3.0])
+    # SPEC 13.7's table: acc 1,0,0,1 kept; 1,1,1,1 dropped; a constant F1 group dropped (NaN left out); F1
+    # 0.2,0.9,0.4,0.4 kept; a group with one valid reward dropped
+    assert informative_groups(r, 4).tolist() == [True, False, False, True, False]
+    assert informative_groups(torch.tensor([-1, -1, -1.25, -1]), 4).tolist() == [True]  # a shaped reward

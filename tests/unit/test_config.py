@@ -58,6 +58,12 @@ def test_override_values_are_yaml():
     ("eval.reward=nope", "eval.reward: unknown reward 'nope'"),
     ("reward_weights=[1, 2]", "reward_weights has 2 values but rewards names 1 functions"),
     ("rollout.min_new_tokens=33", "rollout.min_new_tokens=33 is more than rollout.max_new_tokens=32"),
+    ("rollout.backend=vllmm", "rollout.backend='vllmm' is not a rollout backend; choose one of 'hf'"),
+    ("rollout.environment=chess", "rollout.environment='chess' is not an environment; choose one of 'single_turn'"),
+    ("train.micro_batch_size=8", "unknown key 'train.micro_batch_size'; it is now 'compute.micro_batch_size'"),
+    ("train.warmup_steps=8", "unknown key 'train.warmup_steps'; it is now 'optim.warmup_steps'"),
+    ("optim.warmup_steps=100", "optim.warmup_steps=100 must be less than train.steps=100"),
+    ("algo.max_sampling_rounds=0", "algo.max_sampling_rounds=0 is out of range; it must be >= 1"),
     ("model=3", "model must be a mapping of keys, got int"),
     ("noequals", "override 'noequals' is not of the form dotted.key=value"),
     ("train.steps=[1", "override 'train.steps=[1': the value is not valid YAML"),
@@ -79,6 +85,30 @@ def test_file_errors(tmp_path):
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(ConfigError, match="must hold a mapping"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["lora.rank=4", "compute.sharding=fsdp"], "lora.rank > 0 with compute.sharding=fsdp is not supported"),
+    (["rewards=[overlong]", "overlong_buffer=33"], "overlong_buffer=33 is larger than rollout.max_new_tokens=32"),
+])
+def test_cross_field_rules_are_checked_at_load(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_prompts_per_step_must_split_over_the_processes(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")  # what torchrun sets before `grpo train` loads the config
+    with pytest.raises(ConfigError, match=r"train.prompts_per_step=16 must be a multiple of the number of "
+                                          r"processes \(3\)"):
+        load_config()
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert load_config().train.prompts_per_step == 16
+
+
+def test_dapo_preset_turns_dynamic_sampling_on():
+    assert load_config(None, ["algo.preset=dapo"]).algo.dynamic_sampling is True
+    assert load_config(None, ["algo.preset=grpo"]).algo.dynamic_sampling is False
+    assert load_config(None, ["algo.preset=dapo", "algo.dynamic_sampling=false"]).algo.dynamic_sampling is False
 
 
 def test_every_field_is_documented_once():

@@ -3,7 +3,7 @@ import pytest
 import torch
 import transformers
 
-import grpo.forward as fwd
+import grpo.policy.forward as fwd
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +19,8 @@ def manual(model, tok, prompt, completion_ids, temperature):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_matches_one_sequence_at_a_time(model_and_tok, monkeypatch, fused):
+def test_matches_one_sequence_at_a_time(model_and_tok, fused):
     model, tok = model_and_tok
-    monkeypatch.setattr(fwd, "_fusable", lambda m: fused)
     prompts = ["Calculate 1 + 2 =", "Hi"]
     completions = [tok.encode(" 3") + [tok.eos_token_id], tok.encode(" there!")]
     enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left")
@@ -32,24 +31,23 @@ def test_matches_one_sequence_at_a_time(model_and_tok, monkeypatch, fused):
         ids[i, :len(c)] = torch.tensor(c)
         mask[i, :len(c)] = 1
     out = fwd.completion_logprobs(model, enc["input_ids"], enc["attention_mask"], ids, mask, temperature=0.7,
-                                  chunk_size=3)
+                                  chunk_size=3, path=fwd.ForwardPath(fused=fused))
     assert out.dtype == torch.float64
     for i in range(2):
         ref = manual(model, tok, prompts[i], completions[i], 0.7)
         assert torch.allclose(out[i, :len(completions[i])], ref, atol=1e-10)
 
 
-def test_gradients_of_fused_and_logits_paths_agree(model_and_tok, monkeypatch):
+def test_gradients_of_fused_and_logits_paths_agree(model_and_tok):
     model, tok = model_and_tok
     enc = tok(["ab", "abcd"], return_tensors="pt", padding=True, padding_side="left")
     ids = torch.tensor([tok.encode("xyz"), tok.encode("uvw")])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     grads = []
     for fused in (True, False):
-        monkeypatch.setattr(fwd, "_fusable", lambda m, f=fused: f)
         model.zero_grad()
         out = fwd.completion_logprobs(model, enc["input_ids"], enc["attention_mask"], ids, mask, temperature=1.0,
-                                      chunk_size=2)
+                                      chunk_size=2, path=fwd.ForwardPath(fused=fused))
         (out * mask).sum().backward()
         grads.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(*grads):
@@ -84,7 +82,7 @@ def test_shared_prompt_equals_full_rows_in_values_and_gradients(model_and_tok, r
     for share in (False, True):
         model.zero_grad()
         out = fwd.completion_logprobs(model, prompt_ids, prompt_mask, ids, mask, temperature=0.7, chunk_size=4,
-                                      share_prompt=share)
+                                      path=fwd.forward_path(model, share_prompt=share))
         (out * mask).sum().backward()
         results.append((out * mask, [p.grad.clone() for p in model.parameters()]))
     (a, grads_a), (b, grads_b) = results
@@ -103,7 +101,7 @@ def test_shared_prompt_runs_each_prompt_once(model_and_tok):
                                                          with_kwargs=True)
     try:
         fwd.completion_logprobs(model, prompt_ids, prompt_mask, ids, mask, temperature=1.0, chunk_size=4,
-                                share_prompt=True)
+                                path=fwd.forward_path(model, share_prompt=True))
     finally:
         hook.remove()
     assert seen == [(2, prompt_ids.shape[1]), (6, ids.shape[1] - 1)]

@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from grpo.rollout import HFGenerator, Sampling
-from grpo.lean import supported
+from grpo.policy.lean import supported
 from grpo.rollout.lean import LeanDecoding
 from grpo.tiny import build_char_tokenizer
 

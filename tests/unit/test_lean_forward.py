@@ -1,10 +1,10 @@
-"""The lean training forward (grpo.lean.completion_hidden, via completion_logprobs(lean=True)) gives transformers'
+"""The lean training forward (grpo.policy.lean.completion_hidden, via a lean forward_path) gives transformers'
 log-probs and gradients, and steps aside wherever transformers' forward would do something else."""
 import pytest
 import torch
 
-import grpo.forward as fwd
-from grpo import lean
+import grpo.policy.forward as fwd
+from grpo.policy import lean
 from tests.unit.test_lean_decoding import CASES, PROMPTS, build
 
 
@@ -25,7 +25,7 @@ def logprobs_and_grads(model, data, *, lean_on: bool, share: bool, bf16: bool = 
     model.zero_grad(set_to_none=True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
         out = fwd.completion_logprobs(model, prompt_ids, prompt_mask, ids, mask, temperature=0.7, chunk_size=5,
-                                      share_prompt=share, lean=lean_on)
+                                      path=fwd.forward_path(model, share_prompt=share, lean=lean_on))
     (out * mask).sum().backward()
     return out * mask, {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -79,10 +79,12 @@ def test_lean_path_does_not_call_the_decoder():
     hook = model.get_decoder().register_forward_pre_hook(lambda *a: calls.append(1))
     try:
         with torch.no_grad():
-            fwd.completion_logprobs(model, *batch(tok), temperature=1.0, chunk_size=4, share_prompt=True, lean=True)
+            fwd.completion_logprobs(model, *batch(tok), temperature=1.0, chunk_size=4,
+                                    path=fwd.forward_path(model, share_prompt=True, lean=True))
         assert calls == []
         with torch.no_grad():
-            fwd.completion_logprobs(model, *batch(tok), temperature=1.0, chunk_size=4, share_prompt=True)
+            fwd.completion_logprobs(model, *batch(tok), temperature=1.0, chunk_size=4,
+                                    path=fwd.forward_path(model, share_prompt=True))
         assert calls  # without lean, transformers' decoder runs
     finally:
         hook.remove()

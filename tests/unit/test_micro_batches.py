@@ -1,23 +1,18 @@
 """Micro-batches: consecutive rows, capped in rows and in positions, trimmed to their own longest lengths."""
-from types import SimpleNamespace
-
 import torch
 
-from grpo.rollout import Rollout
-from grpo.trainer import _micro_batches
+from grpo.learn import micro_batches
 
 
 def rollout(prompt_lens, completion_lens, lp=6, t=8):
-    n = len(prompt_lens)
+    """(prompt mask, completion mask) of rows with these lengths."""
     pm = torch.tensor([[0] * (lp - p) + [1] * p for p in prompt_lens])
     cm = torch.tensor([[1] * c + [0] * (t - c) for c in completion_lens])
-    ids = torch.zeros(n, lp, dtype=torch.long)
-    return Rollout(ids, pm, torch.zeros(n, t, dtype=torch.long), cm, torch.zeros(n, dtype=torch.bool), [""] * n)
+    return pm, cm
 
 
 def batches(r, rows, tokens):
-    cfg = SimpleNamespace(train=SimpleNamespace(micro_batch_size=rows, micro_batch_tokens=tokens))
-    return [(s.start, s.stop, p.start, c.stop) for s, p, c in _micro_batches(cfg, r)]
+    return [(s.start, s.stop, p.start, c.stop) for s, p, c in micro_batches(*r, rows, tokens)]
 
 
 def test_rows_cap_and_trimming():

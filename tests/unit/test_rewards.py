@@ -39,15 +39,17 @@ def _fn_kwargs(prompts, completions, answer, task, **kw):
 
 
 def test_score_weights_none_and_fields_as_keywords():
-    total, per_fn = score([exact_match, _fn_none, _fn_kwargs], [1.0, 0.5, 3.0], ["p"] * 3, [" 5", "skip", " 4"],
-                          {"answer": ["5", "5", "5"], "task": ["linear", "arithmetic", "linear"]})
+    s = score([exact_match, _fn_none, _fn_kwargs], [1.0, 0.5, 3.0], ["p"] * 3, [" 5", "skip", " 4"],
+              {"answer": ["5", "5", "5"], "task": ["linear", "arithmetic", "linear"]})
+    total, per_fn = s.total, s.per_fn
+    assert s.steps is None and torch.equal(s.outcome, total)
     assert per_fn["exact_match"].tolist() == [1.0, 0.0, 0.0]
     assert math.isnan(per_fn["_fn_none"][1])
     assert total.tolist() == [1.0 + 1.0 + 3.0, 0.0 + 0.0, 0.0 + 1.0 + 3.0]
 
 
 def test_completion_no_function_scores_gets_nan_total():
-    total, _ = score([_fn_none], None, ["p", "p"], ["skip", "x"], {"answer": ["1", "1"]})
+    total = score([_fn_none], None, ["p", "p"], ["skip", "x"], {"answer": ["1", "1"]}).total
     assert math.isnan(total[0]) and total[1] == 2.0
 
 
@@ -69,11 +71,11 @@ def test_raising_function_is_named_with_the_example():
 
 
 def test_non_numeric_value_is_an_error():
-    with pytest.raises(DataError, match="returned 'yes'; rewards must be floats or None"):
+    with pytest.raises(DataError, match="returned 'yes'; rewards must be floats, lists of"):
         score([lambda prompts, completions, **kw: ["yes"]], None, ["p"], ["a"], {"answer": ["1"]})
 
 
 def test_resolve_module_function():
     assert resolve_reward("grpo.rewards:exact_match") is exact_match
     assert resolve_reward("exact_match") is exact_match
-    assert isinstance(score([exact_match], None, ["p"], ["1"], {"answer": ["1"]})[0], torch.Tensor)
+    assert isinstance(score([exact_match], None, ["p"], ["1"], {"answer": ["1"]}).total, torch.Tensor)

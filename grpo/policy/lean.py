@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grpo.distributed import is_sharded
+from grpo.policy.context import is_sharded
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 

@@ -1,0 +1,250 @@
+"""Loop steps 1–4, prompts → `Experience`: draw this process's prompts, run them through the environment (and so
+the generator), score the episodes with the reward functions, and turn the rewards into per-token advantages.
+
+Advantages (SPEC 1.2, 1.3, 2):
+- outcome rewards (floats): the weighted total of the outcome functions is normalised within its group
+  (`algo.scale`, `algo.std`, `algo.eps`) and broadcast to every token of the episode;
+- process rewards (lists of `(end, reward)` steps): each step's `end`, a character offset just after the step, is
+  mapped to the token that holds the step's last character (a step that ends at the end of the text ends at the
+  episode's last token, its EOS included); the weighted step rewards of the group's G episodes are normalised
+  with their pooled mean and std (`algo.std`, `algo.eps`) and each token gets the sum of the normalised rewards of
+  the steps that end at or after it (`grpo.algo.process_advantages`);
+- both: a token's advantage is the sum of the two, each normalised in its own statistics, so an outcome reward
+  (a format check, say) next to a process reward keeps its own scale.
+
+Dynamic sampling (`algo.dynamic_sampling`, DAPO §3.2, SPEC 13.8): a group is dropped when all its rewards (its
+outcome totals, and its pooled step rewards) are equal; more prompts are drawn, `train.prompts_per_step` a round,
+until the step has that many informative groups (the surplus of the last round is dropped) or
+`algo.max_sampling_rounds` rounds are spent; then the step is filled up with dropped groups in the order drawn
+(advantage 0) and `sampling/filled_groups` says how many. Every process sees every round's groups, so the choice
+and the order are the same for any number of processes, and each prompt's seed is its position in the stream.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from grpo.algo import compute_advantages, informative_groups, process_advantages
+from grpo.data import PromptStream
+from grpo.distributed import Dist
+from grpo.envs import Environment
+from grpo.evaluation import example_fields
+from grpo.experience import Experience
+from grpo.rewards import Scores, score
+from grpo.rollout import TRAIN, Generator, Rollout, Sampling, sampling_seed
+from grpo.rollout.base import concat_rollouts
+from grpo.tasks.base import Example
+
+
+@dataclass(frozen=True)
+class Collector:
+    """Everything `collect` needs that is fixed for a run, bound once when the trainer builds it."""
+
+    environment: Environment
+    generator: Generator
+    rewards: Sequence[tuple[str, object]]   # (name, reward function)
+    weights: Sequence[float] | None
+    sampling: Sampling                       # n = G
+    tokenizer: object                        # maps process-reward steps to tokens
+    prompts_per_step: int
+    seed: int
+    scale: str = "group"
+    std: str = "sample"
+    eps: float = 1e-4
+    mask_truncated: bool = False
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 1
+
+
+@dataclass
+class _Scored:
+    """Scored episodes of whole groups, before advantages."""
+
+    rollout: Rollout
+    examples: list[Example]
+    scores: Scores
+    step_ends: torch.Tensor | None      # (N, K) token index of each process step's end, -1 for padding
+    step_rewards: torch.Tensor | None   # (N, K) its weighted reward
+
+
+def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
+    """This process's share of the next step's episodes, scored, with advantages."""
+    if not c.dynamic_sampling:
+        scored = _sample_round(c, stream, dist)
+        return _experience(c, scored, dist, everyone=False)
+    kept: list[tuple[_Scored, int]] = []     # (round, group) of the informative groups, in the order drawn
+    dropped: list[tuple[_Scored, int]] = []
+    rounds = drawn = 0
+    while len(kept) < c.prompts_per_step and rounds < c.max_sampling_rounds:
+        whole = _everyone(_sample_round(c, stream, dist), dist, _pad_id(c))  # the round's groups, every process's
+        rounds, drawn = rounds + 1, drawn + len(whole.examples)
+        for g, ok in enumerate(_informative(c, whole).tolist()):
+            (kept if ok else dropped).append((whole, g))
+    filled = max(0, c.prompts_per_step - len(kept))
+    chosen = kept[:c.prompts_per_step] + dropped[:filled]
+    stats = {"sampling/rounds": rounds, "sampling/prompts_drawn": drawn,
+             "sampling/groups_dropped": drawn - len(kept), "sampling/filled_groups": filled}
+    return _experience(c, _pick(chosen, c.sampling.n, _pad_id(c)), dist, everyone=True, stats=stats)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one round: sample and score this process's share
+
+def _sample_round(c: Collector, stream: PromptStream, dist: Dist) -> _Scored:
+    first = stream.drawn
+    examples = _shard(stream.next_batch(), dist)
+    seeds = _shard([sampling_seed(c.seed, TRAIN, first + i) for i in range(c.prompts_per_step)], dist)
+    rollout = c.environment.rollout(c.generator, examples, c.sampling, seeds)
+    g = c.sampling.n
+    prompts = [e.prompt for e in examples for _ in range(g)]
+    scores = score(c.rewards, c.weights, prompts, rollout.texts, example_fields(examples, g))
+    ends = rewards = None
+    if scores.steps is not None:
+        ends, rewards = _step_tensors(c.tokenizer, rollout, scores.steps)
+    return _Scored(rollout, list(examples), scores, ends, rewards)
+
+
+def _shard(batch: list, dist: Dist) -> list:
+    k = len(batch) // dist.world_size
+    return batch[dist.rank * k:(dist.rank + 1) * k]
+
+
+def _step_tensors(tokenizer, rollout: Rollout, steps: list[list[tuple[int, float]]]):
+    """Process steps as (N, K) token indices of their ends (-1 padding) and (N, K) rewards."""
+    n, k = len(steps), max(1, max(len(s) for s in steps))
+    ends = torch.full((n, k), -1, dtype=torch.long)
+    rewards = torch.zeros(n, k, dtype=torch.float32)
+    lengths = rollout.lengths.tolist()
+    text_len = (rollout.lengths - (~rollout.truncated).long()).tolist()  # tokens before EOS
+    for i, row in enumerate(steps):
+        ids = rollout.completion_ids[i, :text_len[i]].tolist()
+        for j, (end, reward) in enumerate(row):
+            ends[i, j] = _token_of(tokenizer, ids, end, len(rollout.texts[i]), lengths[i])
+            rewards[i, j] = reward
+    return ends.to(rollout.completion_ids.device), rewards.to(rollout.completion_ids.device)
+
+
+def _token_of(tokenizer, ids: list[int], end: int, text_len: int, length: int) -> int:
+    """The index of the token that holds character end - 1 of the decoded text: the first k with
+    len(decode(ids[:k])) >= end, minus one (a binary search: decoded prefixes only grow). The end of the text
+    is the episode's last token (its EOS too); 0 is its first."""
+    if end >= text_len:
+        return max(length - 1, 0)
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo - 1 if end > 0 else 0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dynamic sampling: every process's groups, the informative ones, a chosen set
+
+def _pad_id(c: Collector) -> int:
+    pad = getattr(c.tokenizer, "pad_token_id", None)
+    return pad if pad is not None else 0
+
+
+def _everyone(mine: _Scored, dist: Dist, pad_id: int) -> _Scored:
+    """The round's groups of every process, in rank order (which is the order drawn)."""
+    if dist.world_size == 1:
+        return mine
+    device = mine.rollout.completion_ids.device
+    parts = dist.gather_objects(_map(mine, lambda x: x.cpu()))
+    return _map(_concat(parts, pad_id), lambda x: x.to(device))
+
+
+def _map(s: _Scored, fn) -> _Scored:
+    """`s` with `fn` applied to every tensor in it."""
+    f = lambda x: None if x is None else fn(x)  # noqa: E731
+    r, sc = s.rollout, s.scores
+    rollout = Rollout(f(r.prompt_ids), f(r.prompt_mask), f(r.completion_ids), f(r.completion_mask), f(r.truncated),
+                      r.texts, f(r.loss_mask), f(r.sampler_logp))
+    scores = Scores(f(sc.total), {k: f(v) for k, v in sc.per_fn.items()}, f(sc.outcome), sc.steps)
+    return _Scored(rollout, s.examples, scores, f(s.step_ends), f(s.step_rewards))
+
+
+def _informative(c: Collector, s: _Scored) -> torch.Tensor:
+    """(groups,) bool: the group's outcome totals, or its pooled step rewards, are not all equal."""
+    g = c.sampling.n
+    ok = torch.zeros(len(s.examples), dtype=torch.bool)
+    if s.scores.outcome is not None:
+        ok |= informative_groups(s.scores.outcome, g).cpu()
+    if s.step_ends is not None:
+        pooled = torch.where(s.step_ends >= 0, s.step_rewards.double(), torch.full_like(s.step_rewards.double(),
+                                                                                        float("nan")))
+        ok |= informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1])
+    return ok
+
+
+def _pick(chosen: list[tuple[_Scored, int]], g: int, pad_id: int) -> _Scored:
+    """The chosen groups as one batch, in the order given."""
+    parts = []
+    for s, i in chosen:
+        rows = list(range(i * g, (i + 1) * g))
+        index = torch.tensor(rows)
+        sc = s.scores
+        scores = Scores(sc.total[index], {k: v[index] for k, v in sc.per_fn.items()},
+                        None if sc.outcome is None else sc.outcome[index],
+                        None if sc.steps is None else [sc.steps[r] for r in rows])
+        take = lambda x: None if x is None else x[index.to(x.device)]  # noqa: E731
+        parts.append(_Scored(s.rollout.select(rows), [s.examples[i]], scores, take(s.step_ends),
+                             take(s.step_rewards)))
+    return _concat(parts, pad_id)
+
+
+def _concat(parts: list[_Scored], pad_id: int) -> _Scored:
+    if len(parts) == 1:
+        return parts[0]
+    rollout = concat_rollouts([p.rollout for p in parts], pad_id)
+    first = parts[0].scores
+    scores = Scores(torch.cat([p.scores.total for p in parts]),
+                    {k: torch.cat([p.scores.per_fn[k] for p in parts]) for k in first.per_fn},
+                    None if first.outcome is None else torch.cat([p.scores.outcome for p in parts]),
+                    None if first.steps is None else [s for p in parts for s in p.scores.steps])
+    ends = rewards = None
+    if parts[0].step_ends is not None:
+        k = max(p.step_ends.shape[1] for p in parts)
+        pad = lambda x, v: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=v)  # noqa: E731
+        ends = torch.cat([pad(p.step_ends, -1) for p in parts])
+        rewards = torch.cat([pad(p.step_rewards, 0.0) for p in parts])
+    return _Scored(rollout, [e for p in parts for e in p.examples], scores, ends, rewards)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# advantages
+
+def _experience(c: Collector, s: _Scored, dist: Dist, *, everyone: bool, stats: dict | None = None) -> Experience:
+    """Advantages of `s`, then this process's Experience. `everyone`: `s` holds every process's groups (and
+    this process keeps its share); else it holds this process's alone, and the rewards are gathered."""
+    g, r, sc = c.sampling.n, s.rollout, s.scores
+    n_all = len(r) if everyone else len(r) * dist.world_size
+    mine = slice(dist.rank * n_all // dist.world_size, (dist.rank + 1) * n_all // dist.world_size) if everyone \
+        else slice(0, len(r))
+    all_rewards = sc.total if everyone else dist.gather(sc.total)
+    width = r.completion_ids.shape[1]
+    adv = torch.zeros(len(r), width, dtype=torch.float32, device=r.completion_ids.device)
+    if sc.outcome is not None:
+        # the statistics of every process's rewards (batch std needs them all), then this process's rows
+        outcome = sc.outcome if everyone else (all_rewards if sc.steps is None else dist.gather(sc.outcome))
+        out = compute_advantages(outcome, g, scale=c.scale, std=c.std, eps=c.eps)
+        if not everyone:
+            out = out[dist.rank * len(r):(dist.rank + 1) * len(r)]
+        adv += out.to(adv.device).unsqueeze(1)
+    if s.step_ends is not None:  # groups never span processes: the pooled statistics are each group's own
+        adv += process_advantages(s.step_rewards, s.step_ends, g, width, std=c.std, eps=c.eps).to(adv.device)
+    if everyone:
+        groups = slice(mine.start // g, mine.stop // g)
+        rows = list(range(mine.start, mine.stop))
+        r, adv = r.select(rows), adv[mine]
+        examples, total = s.examples[groups], sc.total[mine]
+        per_fn = {k: v[mine] for k, v in sc.per_fn.items()}
+    else:
+        examples, total, per_fn = s.examples, sc.total, sc.per_fn
+    return Experience.from_rollout(r, examples, adv, total, per_fn, all_rewards, mask_truncated=c.mask_truncated,
+                                   stats=stats)

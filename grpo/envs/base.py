@@ -1,0 +1,32 @@
+"""The environment seam: how the prompts of a step become finished episodes (docs/training.md, "Environments").
+
+An environment receives the generator, the examples of this process's share of the step (prompt text, answer,
+extra fields), the sampling settings (n = G episodes per example) and one sampling seed per example. It returns
+one `Rollout` of N = examples × n episodes, example by example, in which:
+- `prompt_ids`/`prompt_mask` hold what the model was first given (left-padded), and `completion_ids` everything
+  after it (right-padded): for one turn, the model's completion; for several, the model's turns and what the
+  environment inserted between them, in order;
+- `completion_mask` is 1 on every episode token up to its end; `loss_mask` is 1 only on the tokens that are the
+  model's to learn. The environment sets it: it zeroes the tokens it inserted itself (tool output, a user turn).
+  The trainer only ever zeroes more (`algo.mask_truncated`), never sets a token back to 1;
+- `texts` is what the reward functions score, one string per episode;
+- `truncated` marks episodes cut off by a length limit;
+- `sampler_logp`, if the generator reported log-probs, covers the model's tokens (0 elsewhere).
+An episode's randomness must come from its example's seed alone (not from the batch it shares), so that runs
+are the same for any number of processes and after a resume.
+
+Environments are named in `grpo.envs.ENVIRONMENTS` and chosen by `rollout.environment`.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from grpo.rollout import Generator, Rollout, Sampling
+from grpo.tasks.base import Example
+
+
+class Environment(Protocol):
+    def rollout(self, generator: Generator, examples: Sequence[Example], sampling: Sampling,
+                seeds: Sequence[int] | None = None) -> Rollout:
+        """`sampling.n` episodes per example, example by example (see the module docstring)."""

@@ -1,0 +1,79 @@
+"""`Experience`: the one batch type that passes from sampling (`grpo.collect`) to learning (`grpo.learn`).
+
+Rows are this process's episodes, group by group (the G episodes of one prompt are consecutive); tensors are
+(N, ·) with N = groups × G. Everything learning needs is here, and nothing about how it was produced: which
+generator or environment sampled it, which reward functions scored it, or how many rounds of sampling it took.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from grpo.rollout import Rollout
+from grpo.tasks.base import Example
+
+
+@dataclass
+class Experience:
+    prompt_ids: torch.Tensor           # (N, Lp) left-padded
+    prompt_mask: torch.Tensor          # (N, Lp) 1 on prompt tokens
+    completion_ids: torch.Tensor       # (N, T) right-padded
+    completion_mask: torch.Tensor      # (N, T) 1 on every episode token (up to and including the first EOS)
+    loss_mask: torch.Tensor            # (N, T) 1 on the tokens that are the model's to learn
+    advantages: torch.Tensor           # (N, T) float32 per-token advantages (an outcome advantage is broadcast)
+    sampler_logp: torch.Tensor | None  # (N, T) float32 log-probs the sampling engine reported; None: our own forward
+    rewards: torch.Tensor              # (N,) weighted total reward (NaN where no function applied)
+    per_fn: dict[str, torch.Tensor]    # reward function name -> (N,) its rewards (a process reward: its step mean)
+    group: torch.Tensor                # (N,) long: the row's group, an index into `examples`
+    examples: list[Example]            # one per group
+    texts: list[str]                   # what the rewards scored, one per row
+    truncated: torch.Tensor            # (N,) bool: cut off by the length limit
+    all_rewards: torch.Tensor          # (N · processes,) every process's `rewards`, in rank order (for logging)
+    stats: dict[str, float] = field(default_factory=dict)  # figures of the sampling itself (rounds, drops)
+
+    def __post_init__(self):
+        n, t = self.completion_ids.shape
+        for name in ("completion_mask", "loss_mask", "advantages", "sampler_logp"):
+            x = getattr(self, name)
+            if x is not None and tuple(x.shape) != (n, t):
+                raise ValueError(f"Experience.{name} has shape {tuple(x.shape)}; completion_ids has {(n, t)}")
+        if self.prompt_ids.shape[0] != n or self.prompt_mask.shape != self.prompt_ids.shape:
+            raise ValueError(f"Experience prompts have shapes {tuple(self.prompt_ids.shape)} and "
+                             f"{tuple(self.prompt_mask.shape)} for {n} rows")
+        for name in ("rewards", "group", "truncated", *(f"per_fn[{k!r}]" for k in self.per_fn)):
+            x = self.per_fn[name[8:-2]] if name.startswith("per_fn") else getattr(self, name)
+            if tuple(x.shape) != (n,):
+                raise ValueError(f"Experience.{name} has shape {tuple(x.shape)}; it must be ({n},)")
+        if len(self.texts) != n:
+            raise ValueError(f"Experience has {len(self.texts)} texts for {n} rows")
+        if n and not 0 <= int(self.group.min()) <= int(self.group.max()) < len(self.examples):
+            raise ValueError(f"Experience.group indexes {len(self.examples)} examples out of range")
+        if self.advantages.dtype != torch.float32:
+            raise ValueError(f"Experience.advantages must be float32, got {self.advantages.dtype}")
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def lengths(self) -> torch.Tensor:  # (N,) episode tokens per row, EOS included
+        return self.completion_mask.sum(1)
+
+    @classmethod
+    def from_rollout(cls, rollout: Rollout, examples: list[Example], advantages: torch.Tensor, rewards: torch.Tensor,
+                     per_fn: dict[str, torch.Tensor], all_rewards: torch.Tensor, *, mask_truncated: bool = False,
+                     stats: dict[str, float] | None = None) -> Experience:
+        """An Experience of `rollout`'s rows, len(examples) groups of equal size. `mask_truncated` zeroes the loss
+        mask of truncated rows (they still count in the group statistics)."""
+        n = len(rollout)
+        if not examples or n % len(examples):
+            raise ValueError(f"{n} rows do not make {len(examples)} groups of equal size")
+        g = n // len(examples)
+        loss_mask = rollout.loss_mask.clone()
+        if mask_truncated:
+            loss_mask[rollout.truncated] = 0
+        device = rollout.completion_ids.device
+        group = torch.arange(len(examples), device=device).repeat_interleave(g)
+        return cls(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
+                   loss_mask, advantages.to(device=device, dtype=torch.float32), rollout.sampler_logp, rewards,
+                   per_fn, group, list(examples), rollout.texts, rollout.truncated, all_rewards, dict(stats or {}))

@@ -1,0 +1,148 @@
+"""Loop steps 5–7, `Experience` → policy updates: the step-wide loss normaliser, reference and old log-probs
+without gradients, then μ updates, each accumulating gradients over micro-batches (SPEC 9 and 12).
+
+Nothing here branches on a variant: the algorithm's choices are the values handed to `grpo.algo.policy_loss`
+and `loss_normalizer`. The per-token advantages and the loss mask come from the Experience as they are.
+`Experience.sampler_logp` is carried for a sampler–trainer correction (SPEC 13.1); the in-process generator
+reports none, since its log-probs are the trainer's own.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from grpo.algo import loss_normalizer, policy_loss
+from grpo.distributed import Dist, no_sync
+from grpo.experience import Experience
+from grpo.policy import inference
+
+
+@dataclass(frozen=True)
+class Learner:
+    """The modules, the optimiser and the settings of the update, bound once when the trainer builds it."""
+
+    trainable: torch.nn.Module               # a LogprobModule, possibly in DDP or over FSDP2 shards
+    reference: torch.nn.Module | None        # the frozen reference's LogprobModule; None when beta = 0
+    optimizer: torch.optim.Optimizer
+    temperature: float                       # log-probs from logits / the sampling temperature
+    chunk_size: int
+    max_rows: int                            # compute.micro_batch_size
+    max_tokens: int                          # compute.micro_batch_tokens (0: no cap)
+    max_completion_length: int               # L_max of the constant normaliser
+    max_grad_norm: float                     # 0: no clipping
+    beta: float = 0.04
+    kl_kind: str = "k3"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    ratio_level: str = "token"
+    aggregation: str = "seq_mean"
+    num_iterations: int = 1
+
+
+def learn(lr: Learner, exp: Experience, dist: Dist) -> list[dict]:
+    """μ updates on `exp` (this process's rows; every process calls it): one dict of summed figures per update
+    (`grpo.metrics.step_metrics` reduces them)."""
+    # 5. the normaliser over the whole step: every process holds an equal share of sequences, so only the token
+    # count needs a collective
+    normalizer = loss_normalizer(lr.aggregation, num_sequences=len(exp) * dist.world_size,
+                                 num_tokens=int(dist.sum(exp.loss_mask.sum().item())),
+                                 max_completion_length=lr.max_completion_length)
+    # 6. reference and old log-probs, without gradients
+    ref_logp = _logprobs_no_grad(lr, lr.reference, exp) if lr.reference is not None else None
+    old_logp = _logprobs_no_grad(lr, lr.trainable, exp) if lr.num_iterations > 1 else None
+    # 7. μ updates
+    return [_update(lr, dist, exp, normalizer, ref_logp, old_logp) for _ in range(lr.num_iterations)]
+
+
+def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_rows: int,
+                  max_tokens: int = 0) -> Iterator[tuple[slice, slice, slice]]:
+    """Consecutive row slices (rows, prompt columns, completion columns), each trimmed to its own longest prompt
+    and completion (no padding beyond them): at most `max_rows` rows and, with `max_tokens`, at most that many
+    positions (rows × trimmed width; a single longer row still makes a micro-batch of its own)."""
+    n, lp = prompt_mask.shape
+    prompt_len = prompt_mask.sum(1).clamp(min=1).tolist()
+    completion_len = completion_mask.sum(1).clamp(min=1).tolist()
+    start = 0
+    while start < n:
+        end, wp, wc = start + 1, prompt_len[start], completion_len[start]
+        while end < n and end - start < max_rows:
+            p, c = max(wp, prompt_len[end]), max(wc, completion_len[end])
+            if max_tokens and (end + 1 - start) * (p + c) > max_tokens:
+                break
+            end, wp, wc = end + 1, p, c
+        yield slice(start, end), slice(lp - wp, None), slice(0, wc)
+        start = end
+
+
+def _parts(lr: Learner, exp: Experience) -> list[tuple[slice, slice, slice]]:
+    return list(micro_batches(exp.prompt_mask, exp.completion_mask, lr.max_rows, lr.max_tokens))
+
+
+def _mb_logprobs(lr: Learner, module, exp: Experience, rows, pcols, ccols) -> torch.Tensor:
+    return module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
+                  exp.completion_mask[rows, ccols], temperature=lr.temperature, chunk_size=lr.chunk_size)
+
+
+def _logprobs_no_grad(lr: Learner, module, exp: Experience) -> torch.Tensor:
+    out = torch.zeros(exp.completion_ids.shape, dtype=torch.float32, device=exp.completion_ids.device)  # (N, T)
+    for rows, pcols, ccols in _parts(lr, exp):
+        with inference(module):  # no autograd bookkeeping; the copy into `out` leaves inference mode
+            logp = _mb_logprobs(lr, module, exp, rows, pcols, ccols)
+        out[rows, ccols] = logp.float()
+    return out
+
+
+def _update(lr: Learner, dist: Dist, exp: Experience, normalizer: float, ref_logp, old_logp) -> dict:
+    """One optimiser update over the whole step: gradients summed over micro-batches and processes. An update
+    whose loss or gradient is not finite is skipped, on every process alike."""
+    lr.optimizer.zero_grad(set_to_none=True)
+    totals: dict[str, float] = {}
+    nonfinite = None
+    parts = _parts(lr, exp)
+    for i, (rows, pcols, ccols) in enumerate(parts):
+        with no_sync(lr.trainable, skip=i < len(parts) - 1):  # DDP all-reduces once, after the last micro-batch
+            logp = _mb_logprobs(lr, lr.trainable, exp, rows, pcols, ccols)
+            old = old_logp[rows, ccols] if old_logp is not None else logp.detach()
+            ref = ref_logp[rows, ccols] if ref_logp is not None else None
+            loss, stats = policy_loss(logp, old, exp.advantages[rows, ccols], exp.loss_mask[rows, ccols],
+                                      ref_logp=ref, beta=lr.beta, clip_low=lr.clip_low, clip_high=lr.clip_high,
+                                      ratio_level=lr.ratio_level, aggregation=lr.aggregation,
+                                      normalizer=normalizer, max_completion_length=lr.max_completion_length,
+                                      kl_kind=lr.kl_kind)
+            if not torch.isfinite(loss) and nonfinite is None:
+                nonfinite = "loss"
+            # the normaliser already counts every process; DDP and FSDP average gradients over processes,
+            # so scale by the world size to get their sum
+            (loss * dist.world_size).backward()
+        tokens = stats["tokens"].item()
+        _add(totals, {"loss": loss.item(), "loss/policy": stats["loss/policy"].item(),
+                      "loss/kl": stats["loss/kl"].item(), "tokens": tokens})
+        _add(totals, {k: stats[k].item() * tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac",
+                                                            "clip/high_frac")})
+    params = [p for p in lr.trainable.parameters() if p.requires_grad]
+    max_norm = lr.max_grad_norm if lr.max_grad_norm > 0 else math.inf
+    totals["grad_norm"] = _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).item()
+    if nonfinite is None and not math.isfinite(totals["grad_norm"]):
+        name = next((n for n, p in lr.trainable.named_parameters() if p.grad is not None
+                     and not torch.isfinite(_full(p.grad)).all()), "?")
+        nonfinite = f"gradient ({name})"
+    if dist.any(nonfinite is not None) and nonfinite is None:  # every process skips the same updates
+        nonfinite = "loss on another process"
+    totals["nonfinite"] = nonfinite
+    if nonfinite is None:
+        lr.optimizer.step()
+    lr.optimizer.zero_grad(set_to_none=True)
+    return totals
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor (FSDP2) as the whole tensor; any other tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def _add(into: dict[str, float], values: dict[str, float]) -> None:
+    for k, v in values.items():
+        into[k] = into.get(k, 0.0) + v

@@ -1,0 +1,8 @@
+"""The policy's log-prob forward: `LogprobModule` and `completion_logprobs` (forward.py), the one decision of
+how they run (`forward_path`), the lean Llama-family layers (lean.py), and the no-autograd context (context.py).
+Nothing here knows about process groups: `grpo.distributed` wraps a `LogprobModule` for DDP or FSDP2."""
+from grpo.policy.context import inference, is_sharded
+from grpo.policy.forward import ForwardPath, LogprobModule, completion_logprobs, forward_path, prompt_groups
+
+__all__ = ["ForwardPath", "LogprobModule", "completion_logprobs", "forward_path", "inference", "is_sharded",
+           "prompt_groups"]

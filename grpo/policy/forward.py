@@ -1,0 +1,152 @@
+"""The policy's log-prob forward: log-probs of completion tokens under a model, for the loss, the reference and
+the old policy, and `LogprobModule`, the module DDP and FSDP wrap.
+
+How a forward pass runs is decided once, by `forward_path`, for the training and the reference pass alike (so
+at the first step the two agree bit for bit):
+- `fused`: where the model allows it (an output projection without bias and no logit post-processing) and the
+  parameters are not sharded, the log-probs come straight from the last hidden states and the output
+  projection, chunk by chunk, so the (B, T, V) logits never exist. Sharded parameters are gathered by the
+  root module's forward, so FSDP takes the full-logits path (chunked log-probs).
+- `share_prompt`: consecutive rows with the same prompt (the G completions of a group) run that prompt through
+  the model once: its keys and values are computed for one row and repeated for the others, and the completions
+  attend to them as to a KV cache. Gradients flow through the shared keys and values, so the result is the same
+  as running every row in full (to floating-point rounding), for a fraction of the prompt tokens. Not under
+  FSDP or gradient checkpointing, which run every row in full.
+- `lean`: models that `grpo.policy.lean.supported_for_training` accepts (Llama, Qwen2, Mistral) run through
+  `grpo.policy.lean.completion_hidden`: the same arithmetic on the model's own weights, with the prompt and
+  completion tokens of the batch in one flat batch of positions and without transformers' per-call machinery.
+- `autocast_bf16`: the forward runs under bfloat16 autocast.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from grpo.algo import token_logprobs, token_logprobs_from_hidden
+from grpo.policy import lean as lean_layers
+
+
+@dataclass(frozen=True)
+class ForwardPath:
+    """How the log-prob forward runs (see the module docstring); made by `forward_path`."""
+
+    fused: bool = True
+    share_prompt: bool = False
+    lean: bool = False
+    autocast_bf16: bool = False
+
+
+def forward_path(model, *, sharded: bool = False, share_prompt: bool = False, lean: bool = False,
+                 autocast_bf16: bool = False) -> ForwardPath:
+    """The one decision of how log-probs of `model` are computed: the options asked for, where the model allows
+    them. `sharded`: the parameters are (or will be) FSDP2 shards."""
+    fused = not sharded and fusable(model)
+    return ForwardPath(fused=fused, share_prompt=share_prompt and not sharded and not _checkpointing(model),
+                       lean=fused and lean and lean_layers.supported_for_training(model), autocast_bf16=autocast_bf16)
+
+
+def _checkpointing(model) -> bool:
+    # transformers 5 renamed is_gradient_checkpointing (now deprecated) to is_activation_checkpointing
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
+        "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
+
+
+def fusable(model) -> bool:
+    """Whether log-probs can come from the hidden states and the output projection's weight alone."""
+    head = model.get_output_embeddings()
+    cfg = model.config
+    return (isinstance(head, torch.nn.Linear) and head.bias is None
+            and getattr(cfg, "final_logit_softcapping", None) is None
+            and getattr(cfg, "logit_scale", None) in (None, 1.0))
+
+
+def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Runs of identical consecutive prompts: (first row of each run, run index of every row)."""
+    key = torch.cat([prompt_ids * prompt_mask, prompt_mask], dim=1)
+    new = torch.ones(key.shape[0], dtype=torch.bool, device=key.device)
+    new[1:] = (key[1:] != key[:-1]).any(dim=1)
+    return new.nonzero().squeeze(1), new.long().cumsum(0) - 1
+
+
+def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
+                        completion_mask: torch.Tensor, *, temperature: float, chunk_size: int,
+                        path: ForwardPath | None = None) -> torch.Tensor:
+    """(B, T) log-probs of `completion_ids` given the prompts, from logits / temperature (float32), computed
+    as `path` says (None: `forward_path(model)`, fused where the model allows, nothing else). The caller
+    enters autocast; `path.autocast_bf16` is `LogprobModule`'s to apply."""
+    path = path or forward_path(model)
+    lp = prompt_ids.shape[1]
+    t = completion_ids.shape[1]
+    # the last completion token predicts nothing: feed up to the one before it
+    ids = torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1)
+    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
+    position = (attn.cumsum(-1) - 1).clamp(min=0)
+    if path.fused:
+        hidden = None
+        if path.lean:
+            if path.share_prompt:
+                first, group = prompt_groups(prompt_ids, prompt_mask)
+            else:
+                first = group = torch.arange(ids.shape[0], device=ids.device)
+            hidden = lean_layers.completion_hidden(model, ids, attn, position, lp, group, first)
+        elif path.share_prompt and t > 1:
+            hidden = _shared_prompt_hidden(model.get_decoder(), ids, attn, position, lp)
+        if hidden is None:
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
+            hidden = hidden[:, lp - 1:lp - 1 + t]
+        device = hidden.device.type
+        # under autocast the projection runs in the autocast dtype, as it would as an nn.Linear
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        return token_logprobs_from_hidden(hidden, model.get_output_embeddings().weight, completion_ids,
+                                          temperature=temperature, chunk_size=chunk_size, matmul_dtype=dtype)
+    logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=t).logits  # (B, T, V)
+    return token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size)
+
+
+def _shared_prompt_hidden(decoder, ids, attn, position, lp: int) -> torch.Tensor | None:
+    """The hidden states at the positions that predict the completion tokens, (B, T, H), running each run of
+    identical prompts once; None when no prompt repeats or the model returns no cache (e.g. gradient
+    checkpointing in train mode switches the cache off)."""
+    first, group = prompt_groups(ids[:, :lp], attn[:, :lp])
+    if len(first) == ids.shape[0]:
+        return None
+    out = decoder(input_ids=ids[first, :lp], attention_mask=attn[first, :lp], position_ids=position[first, :lp],
+                  use_cache=True)
+    cache = out.past_key_values
+    if cache is None:
+        return None
+    cache.batch_select_indices(group)  # every row gets its prompt's keys and values (differentiable)
+    rest = decoder(input_ids=ids[:, lp:], attention_mask=attn, position_ids=position[:, lp:],
+                   past_key_values=cache, use_cache=True).last_hidden_state
+    return torch.cat([out.last_hidden_state[group, -1:], rest], dim=1)
+
+
+class LogprobModule(torch.nn.Module):
+    """The policy as a module whose forward returns completion log-probs, so DDP and FSDP see the one forward
+    pass the loss needs."""
+
+    def __init__(self, model, path: ForwardPath | None = None, *, adapter_off: bool = False, train_mode: bool = False):
+        """`path`: how the forward runs (`forward_path`; None: its defaults for `model`).
+        `adapter_off`: a LoRA model with its adapter disabled (the reference, without a second copy).
+        `train_mode`: run the forward in train mode (gradient checkpointing needs it; dropout is off anyway)."""
+        super().__init__()
+        self.model = model
+        self.path = path or forward_path(model)
+        self.adapter_off = adapter_off
+        self.train_mode = train_mode
+
+    def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature: float,
+                chunk_size: int) -> torch.Tensor:
+        with contextlib.ExitStack() as stack:
+            if self.adapter_off:
+                stack.enter_context(self.model.disable_adapter())
+            stack.enter_context(torch.autocast(prompt_ids.device.type, dtype=torch.bfloat16,
+                                               enabled=self.path.autocast_bf16))
+            if self.train_mode and torch.is_grad_enabled():
+                self.model.train()
+                stack.callback(self.model.eval)
+            return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                       temperature=temperature, chunk_size=chunk_size, path=self.path)

@@ -1,0 +1,9 @@
+"""Reward functions for the integration tests, importable as `tests.integration.rewards:<name>` from a config
+(the subprocess runs start in the repository root)."""
+
+
+def starts_below_digits(prompts, completions, **_):
+    """1.0 when the completion's first character comes before '0' (space, punctuation, control characters), else
+    0.0 (0.5 when empty): on a random model some groups of 4 get equal rewards and some do not, which exercises
+    dynamic sampling."""
+    return [float(c[0] < "0") if c else 0.5 for c in completions]

@@ -1,0 +1,172 @@
+"""collect → learn on hand-built episodes: process-reward advantages (SPEC 1.3) reach the loss token by token,
+outcome and process advantages add, and dynamic sampling replaces a zero-variance group."""
+import pytest
+import torch
+
+import grpo.learn as learn_module
+from grpo.collect import Collector, _token_of, collect
+from grpo.config import ModelConfig
+from grpo.data import PromptStream
+from grpo.distributed import Dist
+from grpo.learn import Learner, learn
+from grpo.models import load_model
+from grpo.policy import LogprobModule
+from grpo.rewards import last_number
+from grpo.rollout import Rollout, Sampling
+from grpo.tasks.base import Example
+from grpo.tiny import build_char_tokenizer
+
+TOK = build_char_tokenizer()
+
+
+class Scripted:
+    """An environment whose episodes are fixed texts per prompt (each ending with EOS), whatever the seed."""
+
+    def __init__(self, episodes: dict[str, list[str]]):
+        self.episodes = episodes
+        self.calls = []
+
+    def rollout(self, generator, examples, sampling, seeds=None):
+        self.calls.append([e.prompt for e in examples])
+        texts = [t for e in examples for t in self.episodes[e.prompt]]
+        assert len(texts) == len(examples) * sampling.n
+        enc = TOK([e.prompt for e in examples for _ in range(sampling.n)], return_tensors="pt", padding=True,
+                  padding_side="left")
+        rows = [TOK(t, add_special_tokens=False)["input_ids"] + [TOK.eos_token_id] for t in texts]
+        width = max(map(len, rows))
+        ids = torch.full((len(rows), width), TOK.pad_token_id)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
+        return Rollout(enc["input_ids"], enc["attention_mask"], ids, mask, torch.zeros(len(rows), dtype=torch.bool),
+                       texts)
+
+
+# SPEC 1.3's tiny check: o1 has steps ending at (1-based) tokens 3 and 6 with rewards 0.9 and 0.2, o2 one step
+# ending at token 4 with reward 0.5. A second group: one right step and one wrong.
+STEPS = {"abc,de": [(3, 0.9), (6, 0.2)], "fgh,": [(4, 0.5)], "xy": [(2, 1.0)], "z": [(1, 0.0)]}
+EPISODES = {"p0": ["abc,de", "fgh,"], "p1": ["xy", "z"]}
+
+
+def steps_reward(prompts, completions, **_):
+    return [STEPS[c] for c in completions]
+
+
+def collector(env, rewards, **kw):
+    return Collector(env, None, rewards, None, Sampling(2, 8), TOK, prompts_per_step=2, seed=0, eps=0.0, **kw)
+
+
+def stream(prompts, answers=None):
+    answers = answers or ["1"] * len(prompts)
+    return PromptStream([Example(p, a) for p, a in zip(prompts, answers)], 2, seed=0)
+
+
+def hand_process_advantages():
+    # pooled over the group's three steps: mean 0.533333, sample std 0.351188 -> 1.044074, -0.949158, -0.094916.
+    # A token gets the sum over the steps that end at or after it; a step that ends at the end of the text
+    # ends at the EOS. Group 1: [1, 0] -> +-0.707107
+    a = torch.zeros(4, 7)
+    a[0, :3], a[0, 3:7] = 1.044074 - 0.949158, -0.949158   # "abc,de" + EOS: tokens 0-2, then 3-6
+    a[1, :5] = -0.094916                                   # "fgh," + EOS
+    a[2, :3] = 0.707107                                    # "xy" + EOS
+    a[3, :2] = -0.707107                                   # "z" + EOS
+    return a
+
+
+def test_step_ends_map_to_the_token_holding_the_last_character():
+    ids = TOK("ab cd", add_special_tokens=False)["input_ids"]
+    assert [_token_of(TOK, ids, end, 5, 6) for end in (0, 1, 2, 3, 4)] == [0, 0, 1, 2, 3]
+    assert _token_of(TOK, ids, 5, 5, 6) == 5  # the end of the text: the last token, the EOS
+
+
+def test_process_advantages_are_the_hand_computed_ones():
+    examples = stream(["p0", "p1"])
+    exp = collect(collector(Scripted(EPISODES), [("steps", steps_reward)]), examples, Dist())
+    order = [exp.examples[i].prompt for i in range(2)]
+    want = hand_process_advantages()
+    if order == ["p1", "p0"]:
+        want = want[[2, 3, 0, 1]]
+    assert torch.allclose(exp.advantages, want, atol=1e-5)
+    assert exp.loss_mask.tolist() == exp.completion_mask.tolist()
+    # reward/steps is each episode's step mean
+    assert exp.per_fn["steps"].tolist() == pytest.approx([[0.55, 0.5, 1.0, 0.0], [1.0, 0.0, 0.55, 0.5]][order[0] == "p1"])
+
+
+def test_outcome_and_process_advantages_add():
+    def outcome(prompts, completions, **_):
+        return [1.0 if c in ("abc,de", "xy", "z") else 0.0 for c in completions]  # group 0: [1, 0]; group 1: [1, 1]
+
+    exp = collect(collector(Scripted(EPISODES), [("steps", steps_reward), ("outcome", outcome)]),
+                  stream(["p0", "p1"]), Dist())
+    want = hand_process_advantages()
+    want[0, :7] += 0.707107  # group 0's outcome advantages, broadcast to every token; group 1's are 0
+    want[1, :5] -= 0.707107
+    if exp.examples[0].prompt == "p1":
+        want = want[[2, 3, 0, 1]]
+    assert torch.allclose(exp.advantages * exp.completion_mask, want, atol=1e-5)
+
+
+def test_the_loss_gets_the_per_token_advantages(random_model_dir, monkeypatch):
+    exp = collect(collector(Scripted(EPISODES), [("steps", steps_reward)]), stream(["p0", "p1"]), Dist())
+    model, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    module = LogprobModule(model)
+    seen = []
+    real = learn_module.policy_loss
+
+    def spy(logp, old, adv, mask, **kw):
+        seen.append((adv.clone(), mask.clone()))
+        return real(logp, old, adv, mask, **kw)
+
+    monkeypatch.setattr(learn_module, "policy_loss", spy)
+    learner = Learner(module, None, torch.optim.AdamW(model.parameters(), lr=1e-3), 1.0, 8, max_rows=3,
+                      max_tokens=0, max_completion_length=8, max_grad_norm=1.0, beta=0.0)
+    learn(learner, exp, Dist())
+    assert [a.shape[0] for a, _ in seen] == [3, 1]  # micro-batches of at most 3 rows
+    got = torch.zeros_like(exp.advantages)
+    row = 0
+    for adv, mask in seen:
+        got[row:row + adv.shape[0], :adv.shape[1]] = adv * mask
+        row += adv.shape[0]
+    assert torch.allclose(got, exp.advantages * exp.loss_mask)
+    assert torch.allclose(got.abs().sum(), hand_process_advantages().abs().sum(), atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# dynamic sampling
+
+def dynamic_setup(rounds):
+    prompts = ["p0", "p1", "p2", "p3", "p4", "p5"]
+    same = stream(prompts)
+    order = [e.prompt for e in same.next_batch() + same.next_batch()]  # the stream's order: seeded shuffle
+    flat = order[0]  # the first prompt drawn gets a zero-variance group
+    episodes = {p: (["1", "1"] if p == flat else ["1", "2"]) for p in prompts}
+    env = Scripted(episodes)
+    c = collector(env, [("last_number", last_number)], dynamic_sampling=True, max_sampling_rounds=rounds)
+    return c, env, stream(prompts), order
+
+
+def test_dynamic_sampling_replaces_a_zero_variance_group():
+    c, env, s, order = dynamic_setup(rounds=4)
+    exp = collect(c, s, Dist())
+    assert [e.prompt for e in exp.examples] == [order[1], order[2]]  # the next prompt drawn takes its place
+    assert env.calls == [order[:2], order[2:4]]
+    assert exp.stats == {"sampling/rounds": 2, "sampling/prompts_drawn": 4, "sampling/groups_dropped": 1,
+                         "sampling/filled_groups": 0}
+    assert exp.rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and exp.all_rewards.tolist() == exp.rewards.tolist()
+    assert (exp.advantages[:, 0].abs() > 0.7).all()
+    assert s.drawn == 4  # the surplus group of the last round is dropped, its prompt stays drawn
+
+
+def test_dynamic_sampling_at_the_cap_fills_up_with_dropped_groups():
+    c, env, s, order = dynamic_setup(rounds=1)
+    exp = collect(c, s, Dist())
+    assert [e.prompt for e in exp.examples] == [order[1], order[0]]
+    assert exp.stats["sampling/filled_groups"] == 1 and exp.stats["sampling/rounds"] == 1
+    assert exp.advantages[2:].abs().sum() == 0  # the filled-up group carries no signal
+
+
+def test_without_dynamic_sampling_nothing_is_dropped():
+    c, env, s, order = dynamic_setup(rounds=4)
+    c = Collector(**{**c.__dict__, "dynamic_sampling": False})
+    exp = collect(c, s, Dist())
+    assert [e.prompt for e in exp.examples] == order[:2] and exp.stats == {}
