@@ -33,6 +33,16 @@ def test_short_run_raises_held_out_accuracy(tmp_path):
     assert after >= before + 0.10, (before, after)                                    # and held-out accuracy
 
 
+def test_process_reward_raises_held_out_accuracy(tmp_path):
+    # the shipped process-supervision job, shortened: each worked step is rewarded, accuracy is the last number's
+    result = train(load_config("grpo/configs/tiny_process.yaml", [f"train.output_dir={tmp_path}", *short(25, 400)]))
+    before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "reward/arithmetic_steps" in rows[1]
+    assert sum(r["reward/mean"] for r in rows[-10:]) > sum(r["reward/mean"] for r in rows[1:11])
+    assert after >= before + 0.15, (before, after)
+
+
 @pytest.mark.slow
 def test_two_processes_learn_as_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
