@@ -65,8 +65,8 @@ class _Scored:
     rollout: Rollout
     examples: list[Example]
     scores: Scores
-    step_ends: torch.Tensor | None      # (N, K) token index of each process step's end, -1 for padding
-    step_rewards: torch.Tensor | None   # (N, K) its weighted reward
+    step_ends: torch.Tensor             # (N, K) token index of each process step's end, -1 for padding (K >= 1)
+    step_rewards: torch.Tensor          # (N, K) its weighted reward
 
 
 def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
@@ -100,10 +100,7 @@ def _sample_round(c: Collector, stream: PromptStream, dist: Dist) -> _Scored:
     g = c.sampling.n
     prompts = [e.prompt for e in examples for _ in range(g)]
     scores = score(c.rewards, c.weights, prompts, rollout.texts, example_fields(examples, g))
-    ends = rewards = None
-    if scores.steps is not None:
-        ends, rewards = _step_tensors(c.tokenizer, rollout, scores.steps)
-    return _Scored(rollout, list(examples), scores, ends, rewards)
+    return _Scored(rollout, list(examples), scores, *_step_tensors(c.tokenizer, rollout, scores.steps))
 
 
 def _shard(batch: list, dist: Dist) -> list:
@@ -121,21 +118,23 @@ def _step_tensors(tokenizer, rollout: Rollout, steps: list[list[tuple[int, float
     for i, row in enumerate(steps):
         ids = rollout.completion_ids[i, :text_len[i]].tolist()
         for j, (end, reward) in enumerate(row):
-            ends[i, j] = _token_of(tokenizer, ids, end, len(rollout.texts[i]), lengths[i])
+            ends[i, j] = _token_of(tokenizer, ids, end, rollout.texts[i], lengths[i])
             rewards[i, j] = reward
     return ends.to(rollout.completion_ids.device), rewards.to(rollout.completion_ids.device)
 
 
-def _token_of(tokenizer, ids: list[int], end: int, text_len: int, length: int) -> int:
-    """The index of the token that holds character end - 1 of the decoded text: the first k with
-    len(decode(ids[:k])) >= end, minus one (a binary search: decoded prefixes only grow). The end of the text
-    is the episode's last token (its EOS too); 0 is its first."""
-    if end >= text_len:
+def _token_of(tokenizer, ids: list[int], end: int, text: str, length: int) -> int:
+    """The index of the token that completes character end - 1 of `text` (the decoding of `ids`): the first k
+    whose decoded prefix holds `text[:end]` whole, minus one. A binary search over decoded prefixes, which only
+    grow; "holds whole" rather than "is that long", since a byte-level tokenizer decodes a character split over
+    tokens as a replacement character until its last byte. The end of the text is the episode's last token (its
+    EOS too); 0 is its first."""
+    if end >= len(text):
         return max(length - 1, 0)
     lo, hi = 1, len(ids)
     while lo < hi:
         mid = (lo + hi) // 2
-        if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= end:
+        if tokenizer.decode(ids[:mid], skip_special_tokens=True)[:end] == text[:end]:
             hi = mid
         else:
             lo = mid + 1
@@ -172,14 +171,9 @@ def _map(s: _Scored, fn) -> _Scored:
 def _informative(c: Collector, s: _Scored) -> torch.Tensor:
     """(groups,) bool: the group's outcome totals, or its pooled step rewards, are not all equal."""
     g = c.sampling.n
-    ok = torch.zeros(len(s.examples), dtype=torch.bool)
-    if s.scores.outcome is not None:
-        ok |= informative_groups(s.scores.outcome, g).cpu()
-    if s.step_ends is not None:
-        pooled = torch.where(s.step_ends >= 0, s.step_rewards.double(), torch.full_like(s.step_rewards.double(),
-                                                                                        float("nan")))
-        ok |= informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1])
-    return ok
+    pooled = torch.where(s.step_ends >= 0, s.step_rewards.double(), float("nan"))
+    return (informative_groups(s.scores.outcome, g).cpu()
+            | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
 
 
 def _pick(chosen: list[tuple[_Scored, int]], g: int, pad_id: int) -> _Scored:
@@ -189,12 +183,11 @@ def _pick(chosen: list[tuple[_Scored, int]], g: int, pad_id: int) -> _Scored:
         rows = list(range(i * g, (i + 1) * g))
         index = torch.tensor(rows)
         sc = s.scores
-        scores = Scores(sc.total[index], {k: v[index] for k, v in sc.per_fn.items()},
-                        None if sc.outcome is None else sc.outcome[index],
-                        None if sc.steps is None else [sc.steps[r] for r in rows])
-        take = lambda x: None if x is None else x[index.to(x.device)]  # noqa: E731
-        parts.append(_Scored(s.rollout.select(rows), [s.examples[i]], scores, take(s.step_ends),
-                             take(s.step_rewards)))
+        scores = Scores(sc.total[index], {k: v[index] for k, v in sc.per_fn.items()}, sc.outcome[index],
+                        [sc.steps[r] for r in rows])
+        take = index.to(s.step_ends.device)
+        parts.append(_Scored(s.rollout.select(rows), [s.examples[i]], scores, s.step_ends[take],
+                             s.step_rewards[take]))
     return _concat(parts, pad_id)
 
 
@@ -205,15 +198,11 @@ def _concat(parts: list[_Scored], pad_id: int) -> _Scored:
     first = parts[0].scores
     scores = Scores(torch.cat([p.scores.total for p in parts]),
                     {k: torch.cat([p.scores.per_fn[k] for p in parts]) for k in first.per_fn},
-                    None if first.outcome is None else torch.cat([p.scores.outcome for p in parts]),
-                    None if first.steps is None else [s for p in parts for s in p.scores.steps])
-    ends = rewards = None
-    if parts[0].step_ends is not None:
-        k = max(p.step_ends.shape[1] for p in parts)
-        pad = lambda x, v: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=v)  # noqa: E731
-        ends = torch.cat([pad(p.step_ends, -1) for p in parts])
-        rewards = torch.cat([pad(p.step_rewards, 0.0) for p in parts])
-    return _Scored(rollout, [e for p in parts for e in p.examples], scores, ends, rewards)
+                    torch.cat([p.scores.outcome for p in parts]), [s for p in parts for s in p.scores.steps])
+    k = max(p.step_ends.shape[1] for p in parts)
+    pad = lambda x, v: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=v)  # noqa: E731
+    return _Scored(rollout, [e for p in parts for e in p.examples], scores,
+                   torch.cat([pad(p.step_ends, -1) for p in parts]), torch.cat([pad(p.step_rewards, 0.0) for p in parts]))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -226,17 +215,18 @@ def _experience(c: Collector, s: _Scored, dist: Dist, *, everyone: bool, stats: 
     n_all = len(r) if everyone else len(r) * dist.world_size
     mine = slice(dist.rank * n_all // dist.world_size, (dist.rank + 1) * n_all // dist.world_size) if everyone \
         else slice(0, len(r))
-    all_rewards = sc.total if everyone else dist.gather(sc.total)
+    if everyone:
+        all_rewards, outcome = sc.total, sc.outcome
+    else:  # every process's rewards, in one collective (batch std needs them all; logging too)
+        both = dist.gather(torch.cat([sc.total, sc.outcome])).view(dist.world_size, 2, len(r))
+        all_rewards, outcome = both[:, 0].reshape(-1), both[:, 1].reshape(-1)
     width = r.completion_ids.shape[1]
     adv = torch.zeros(len(r), width, dtype=torch.float32, device=r.completion_ids.device)
-    if sc.outcome is not None:
-        # the statistics of every process's rewards (batch std needs them all), then this process's rows
-        outcome = sc.outcome if everyone else (all_rewards if sc.steps is None else dist.gather(sc.outcome))
-        out = compute_advantages(outcome, g, scale=c.scale, std=c.std, eps=c.eps)
-        if not everyone:
-            out = out[dist.rank * len(r):(dist.rank + 1) * len(r)]
-        adv += out.to(adv.device).unsqueeze(1)
-    if s.step_ends is not None:  # groups never span processes: the pooled statistics are each group's own
+    out = compute_advantages(outcome, g, scale=c.scale, std=c.std, eps=c.eps)  # 0 where no outcome reward applies
+    if not everyone:
+        out = out[dist.rank * len(r):(dist.rank + 1) * len(r)]
+    adv += out.to(adv.device).unsqueeze(1)
+    if (s.step_ends >= 0).any():  # groups never span processes: the pooled statistics are each group's own
         adv += process_advantages(s.step_rewards, s.step_ends, g, width, std=c.std, eps=c.eps).to(adv.device)
     if everyone:
         groups = slice(mine.start // g, mine.stop // g)

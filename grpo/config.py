@@ -276,9 +276,10 @@ def from_dict(raw: dict) -> Config:
     return cfg
 
 
-def validate(cfg: Config, world_size: int | None = None) -> None:
+def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
     """Every rule that involves more than one field, each with one clear error. `world_size`: the number of
-    processes (None: torchrun's WORLD_SIZE, or 1)."""
+    processes (None: torchrun's WORLD_SIZE, or 1). `num_rewards`: how many Python reward functions replace
+    `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values."""
     from grpo.envs import ENVIRONMENTS
     from grpo.rewards import resolve_reward
     from grpo.rollout import BACKENDS
@@ -289,9 +290,10 @@ def validate(cfg: Config, world_size: int | None = None) -> None:
     for name in cfg.rewards:
         resolve_reward(name, field="rewards")
     resolve_reward(cfg.eval.reward, field="eval.reward")
-    if cfg.reward_weights is not None and len(cfg.reward_weights) != len(cfg.rewards):
-        raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but rewards names "
-                          f"{len(cfg.rewards)} functions; give one weight per function")
+    if cfg.reward_weights is not None and len(cfg.reward_weights) != (num_rewards or len(cfg.rewards)):
+        given = f"{num_rewards} reward functions are given" if num_rewards else f"rewards names {len(cfg.rewards)} functions"
+        raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but {given}; give one weight per "
+                          "function")
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}; it must be at most max_new_tokens")

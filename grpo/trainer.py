@@ -72,7 +72,7 @@ class TrainState:
 def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
     """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables."""
     dist = dist or Dist()
-    validate(cfg, dist.world_size)
+    validate(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
     if cfg.compute.threads:
         torch.set_num_threads(cfg.compute.threads)
     random.seed(cfg.train.seed)
@@ -170,10 +170,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
     generator = build_generator(policy, tokenizer, m, cfg.rollout, all_finished=lambda done: not dist.any(not done))
     environment = build_environment(cfg.rollout.environment, tokenizer, m)
-    if rewards is not None:
-        if cfg.reward_weights is not None and len(cfg.reward_weights) != len(rewards):
-            raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values for {len(rewards)} reward "
-                              "functions; give one weight per function")
+    if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
     else:
         reward_fns = build_rewards(cfg.rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
@@ -197,6 +194,9 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
     """Load a checkpoint into the freshly built objects, after checking the config still matches."""
     saved = yaml.safe_load((ckpt / "config.yaml").read_text())
+    if "optim" not in saved:
+        raise ConfigError(f"cannot resume from {ckpt}: it was written by an earlier grpo, before train.* was split "
+                          "into train.*, optim.* and compute.*; resume it with the grpo version that wrote it")
     bad = incompatible_keys(saved, cfg.to_dict())
     if bad:
         raise ConfigError(f"cannot resume from {ckpt}: the config differs in keys that change the results: "

@@ -9,7 +9,9 @@ one `Rollout` of N = examples × n episodes, example by example, in which:
 - `completion_mask` is 1 on every episode token up to its end; `loss_mask` is 1 only on the tokens that are the
   model's to learn. The environment sets it: it zeroes the tokens it inserted itself (tool output, a user turn).
   The trainer only ever zeroes more (`algo.mask_truncated`), never sets a token back to 1;
-- `texts` is what the reward functions score, one string per episode;
+- `texts` is what the reward functions score, one string per episode: the decoding of the episode's tokens
+  before its EOS (`skip_special_tokens=True`), since process rewards' character offsets are mapped back to
+  tokens through it;
 - `truncated` marks episodes cut off by a length limit;
 - `sampler_logp`, if the generator reported log-probs, covers the model's tokens (0 elsewhere).
 An episode's randomness must come from its example's seed alone (not from the batch it shares), so that runs

@@ -154,30 +154,31 @@ Step = tuple[int, float]  # (end: character offset just after the step, reward)
 
 @dataclass
 class Scores:
-    """What the reward functions said of N completions."""
+    """What the reward functions said of N completions. Every field is there whatever the functions returned,
+    so that processes whose shares happen to get no step (or no outcome) reward still do the same work."""
 
     total: torch.Tensor                 # (N,) weighted sum over the functions that apply (NaN if none does)
     per_fn: dict[str, torch.Tensor]     # name -> (N,) unweighted; a process function's value is its step mean
-    outcome: torch.Tensor | None        # (N,) weighted sum of the outcome functions (NaN if none applies); None
-                                        # when no function gave outcome rewards
-    steps: list[list[Step]] | None      # per completion, the weighted steps of every process function, in order
-                                        # of `end`; None when no function gave step rewards
+    outcome: torch.Tensor               # (N,) weighted sum of the outcome (float) values (NaN where none applies)
+    steps: list[list[Step]]             # per completion, the weighted steps of every process function, in order
+                                        # of `end` (empty where none applies)
 
 
 def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[float] | None, prompts: Sequence[str],
           completions: Sequence[str], fields: dict[str, list]) -> Scores:
     """Run every reward function on the N completions, each function once, keyed by the name given in a
-    (name, function) pair or else the function's __name__.
+    (name, function) pair or else the function's __name__ (a repeated name gets a suffix: `f`, `f_2`).
 
     None becomes NaN. A completion that no function scores gets a NaN total (advantage 0); otherwise the
-    total sums the functions that apply (NaN-aware, as TRL does). Outcome and process functions are kept apart
+    total sums the functions that apply (NaN-aware, as TRL does). Float values and step lists are kept apart
     (`Scores.outcome`, `Scores.steps`): their advantages are normalised separately (`grpo.collect`).
     """
     named = [f if isinstance(f, tuple) else (reward_name(f), f) for f in fns]
     weights = [1.0] * len(named) if weights is None else list(weights)
     n = len(completions)
-    per_fn, outcome, steps = {}, [], None
+    per_fn, weighted, outcome, steps = {}, [], [], [[] for _ in range(n)]
     for (name, fn), w in zip(named, weights, strict=True):
+        name = _unique(name, per_fn)
         try:
             values = fn(prompts=list(prompts), completions=list(completions), **fields)
         except Exception as e:  # a user's function: say which one, and on which example
@@ -191,12 +192,11 @@ def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[floa
                             "return one float, list of (end, reward) steps, or None per completion")
         if any(isinstance(v, (list, tuple)) for v in values):
             parsed = [_steps(name, v, completions[i]) for i, v in enumerate(values)]
-            per_fn[name] = torch.tensor([float("nan") if p is None else sum(r for _, r in p) / len(p) if p
-                                         else float("nan") for p in parsed], dtype=torch.float32)
-            steps = steps or [[] for _ in range(n)]
+            per_fn[name] = torch.tensor([sum(r for _, r in p) / len(p) if p else float("nan") for p in parsed],
+                                        dtype=torch.float32)
             for mine, p in zip(steps, parsed):
                 mine.extend((end, w * r) for end, r in p or [])
-        else:
+        else:  # floats and None (a process function that applies to none of these completions lands here too)
             try:
                 per_fn[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
                                             dtype=torch.float32)
@@ -205,17 +205,27 @@ def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[floa
                 raise DataError(f"reward function {name!r} returned {bad!r}; rewards must be floats, lists of "
                                 "(end, reward) steps, or None") from None
             outcome.append(per_fn[name] * w)
-    stacked = torch.stack([per_fn[name] * w for (name, _), w in zip(named, weights)])  # (F, N)
+        weighted.append(per_fn[name] * w)
+    return Scores(_nansum(weighted, n), per_fn, _nansum(outcome, n), [sorted(s, key=lambda t: t[0]) for s in steps])
+
+
+def _nansum(rows: list[torch.Tensor], n: int) -> torch.Tensor:
+    """The NaN-aware sum of (N,) tensors; NaN where every one is NaN (or there are none)."""
+    if not rows:
+        return torch.full((n,), float("nan"))
+    stacked = torch.stack(rows)  # (F, N)
     total = torch.nansum(stacked, dim=0)
     total[torch.isnan(stacked).all(dim=0)] = float("nan")
-    out = None
-    if outcome:
-        outcome = torch.stack(outcome)
-        out = torch.nansum(outcome, dim=0)
-        out[torch.isnan(outcome).all(dim=0)] = float("nan")
-    if steps is not None:
-        steps = [sorted(s, key=lambda step: step[0]) for s in steps]
-    return Scores(total, per_fn, out, steps)
+    return total
+
+
+def _unique(name: str, taken: dict) -> str:
+    if name not in taken:
+        return name
+    k = 2
+    while f"{name}_{k}" in taken:
+        k += 1
+    return f"{name}_{k}"
 
 
 def _steps(name: str, value, text: str) -> list[Step] | None:

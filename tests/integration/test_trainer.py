@@ -110,6 +110,12 @@ def test_python_reward_callables(tmp_path, random_model_dir):
 
     cfg = load_config(None, [f"model.path={random_model_dir}", f"train.output_dir={tmp_path / 'r'}", *FAST])
     train(cfg, rewards=[always_one])
+    # weights fit the functions given, not the names in the config
+    cfg.reward_weights = [1.0, 2.0]
+    cfg.train.output_dir = str(tmp_path / "two")
+    train(cfg, rewards=[always_one, always_one])
+    assert [json.loads(x) for x in (tmp_path / "two" / "metrics.jsonl").read_text().splitlines()][1]["reward/mean"] == 3.0
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert seen["n"] == 12 and seen["task"] <= {"arithmetic", "linear"}
     assert rows[1]["reward/always_one"] == 1.0 and rows[1]["adv/std_zero_frac"] == 1.0

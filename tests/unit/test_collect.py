@@ -75,8 +75,28 @@ def hand_process_advantages():
 
 def test_step_ends_map_to_the_token_holding_the_last_character():
     ids = TOK("ab cd", add_special_tokens=False)["input_ids"]
-    assert [_token_of(TOK, ids, end, 5, 6) for end in (0, 1, 2, 3, 4)] == [0, 0, 1, 2, 3]
-    assert _token_of(TOK, ids, 5, 5, 6) == 5  # the end of the text: the last token, the EOS
+    assert [_token_of(TOK, ids, end, "ab cd", 6) for end in (0, 1, 2, 3, 4)] == [0, 0, 1, 2, 3]
+    assert _token_of(TOK, ids, 5, "ab cd", 6) == 5  # the end of the text: the last token, the EOS
+
+
+def test_step_ends_wait_for_every_byte_of_a_character():
+    # a byte-level BPE without merges: "é" is two tokens and "😀" four; a character split over tokens decodes as
+    # U+FFFD until its last byte, so a step ending on it ends at its last byte's token
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    raw = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(sorted(alphabet))}, merges=[]))
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    raw.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw)
+    text = "é = 1, 😀😀 = 2"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and len(ids) == 2 + 6 + 8 + 4  # "é", " = 1, ", "😀😀", " = 2"
+    assert _token_of(tok, ids, 1, text, len(ids)) == 1       # "é": bytes 0-1
+    assert _token_of(tok, ids, 5, text, len(ids)) == 5       # "1", one byte
+    assert _token_of(tok, ids, 8, text, len(ids)) == 11      # the first "😀": bytes 8-11
+    assert _token_of(tok, ids, 9, text, len(ids)) == 15      # the second: 12-15
 
 
 def test_process_advantages_are_the_hand_computed_ones():
@@ -104,6 +124,24 @@ def test_outcome_and_process_advantages_add():
     if exp.examples[0].prompt == "p1":
         want = want[[2, 3, 0, 1]]
     assert torch.allclose(exp.advantages * exp.completion_mask, want, atol=1e-5)
+
+
+def test_a_process_function_that_applies_to_no_row_of_a_share_changes_nothing():
+    # rows where it does not apply get None; a share with no step at all still has the outcome advantages, and
+    # with dynamic sampling rounds with and without steps join
+    def some_steps(prompts, completions, **_):
+        return [STEPS[c] if c in ("xy", "z") else None for c in completions]
+
+    def outcome(prompts, completions, **_):
+        return [1.0 if c in ("abc,de", "xy") else 0.0 for c in completions]
+
+    only_p0 = collect(collector(Scripted(EPISODES), [("steps", some_steps), ("outcome", outcome)]),
+                      stream(["p0", "p0"]), Dist())
+    assert torch.allclose(only_p0.advantages[:, 0], torch.tensor([0.707107, -0.707107] * 2), atol=1e-5)
+    c = collector(Scripted({**EPISODES, "p2": ["z", "z"]}), [("steps", some_steps), ("outcome", outcome)],
+                  dynamic_sampling=True, max_sampling_rounds=3)
+    exp = collect(c, PromptStream([Example(p, "1") for p in ("p0", "p2", "p1", "p1")], 2, seed=0), Dist())
+    assert len(exp.examples) == 2 and "p2" not in [e.prompt for e in exp.examples]
 
 
 def test_the_loss_gets_the_per_token_advantages(random_model_dir, monkeypatch):

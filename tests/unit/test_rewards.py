@@ -42,7 +42,7 @@ def test_score_weights_none_and_fields_as_keywords():
     s = score([exact_match, _fn_none, _fn_kwargs], [1.0, 0.5, 3.0], ["p"] * 3, [" 5", "skip", " 4"],
               {"answer": ["5", "5", "5"], "task": ["linear", "arithmetic", "linear"]})
     total, per_fn = s.total, s.per_fn
-    assert s.steps is None and torch.equal(s.outcome, total)
+    assert s.steps == [[], [], []] and torch.equal(s.outcome, total)
     assert per_fn["exact_match"].tolist() == [1.0, 0.0, 0.0]
     assert math.isnan(per_fn["_fn_none"][1])
     assert total.tolist() == [1.0 + 1.0 + 3.0, 0.0 + 0.0, 0.0 + 1.0 + 3.0]
@@ -79,3 +79,31 @@ def test_resolve_module_function():
     assert resolve_reward("grpo.rewards:exact_match") is exact_match
     assert resolve_reward("exact_match") is exact_match
     assert isinstance(score([exact_match], None, ["p"], ["1"], {"answer": ["1"]}).total, torch.Tensor)
+
+
+def test_process_rewards_are_kept_apart_from_outcome_rewards():
+    def steps(prompts, completions, **kw):
+        return [[(1, 1.0), (2, 0.0)] if c == "ab" else None for c in completions]
+
+    s = score([("steps", steps), exact_match, ("half", lambda prompts, completions, **kw: [0.5, None])], [2.0, 1.0, 1.0],
+              ["p", "p"], ["ab", " 5"], {"answer": ["5", "5"]})
+    assert s.steps == [[(1, 2.0), (2, 0.0)], []]                     # weighted, in order of end
+    assert s.per_fn["steps"].tolist()[0] == 0.5 and math.isnan(s.per_fn["steps"][1])  # the step mean
+    assert s.outcome.tolist() == [0.0 + 0.5, 1.0]                    # the outcome functions only
+    assert s.total.tolist() == [2.0 * 0.5 + 0.0 + 0.5, 1.0]
+    none = score([("steps", lambda prompts, completions, **kw: [None, None])], None, ["p", "p"], ["a", "b"],
+                 {"answer": ["1", "1"]})
+    assert none.steps == [[], []] and none.outcome.isnan().all()     # applies to none: neither kind
+
+
+def test_bad_steps_and_mixed_kinds_are_errors_naming_the_function():
+    with pytest.raises(DataError, match=r"'s' returned the step \(9, 1.0\) for completion 'ab'; a step is"):
+        score([("s", lambda prompts, completions, **kw: [[(9, 1.0)]])], None, ["p"], ["ab"], {"answer": ["1"]})
+    with pytest.raises(DataError, match="returned step lists for some completions and 1.0 for another"):
+        score([("s", lambda prompts, completions, **kw: [[(1, 1.0)], 1.0])], None, ["p", "p"], ["a", "b"],
+              {"answer": ["1", "1"]})
+
+
+def test_repeated_names_are_kept_apart():
+    s = score([exact_match, exact_match], [1.0, 2.0], ["p"], [" 5"], {"answer": ["5"]})
+    assert list(s.per_fn) == ["exact_match", "exact_match_2"] and s.total.tolist() == [3.0]
