@@ -119,3 +119,24 @@ def test_python_reward_callables(tmp_path, random_model_dir):
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert seen["n"] == 12 and seen["task"] <= {"arithmetic", "linear"}
     assert rows[1]["reward/always_one"] == 1.0 and rows[1]["adv/std_zero_frac"] == 1.0
+
+
+def test_dynamic_sampling_replaces_zero_variance_groups_in_training(tmp_path, random_model_dir):
+    from tests.integration.rewards import starts_below_digits
+
+    def flat_for_linear(prompts, completions, task, **kw):  # every linear group has all-equal rewards
+        varied = starts_below_digits(prompts, completions)
+        return [0.5 if t == "linear" else v for t, v in zip(task, varied)]
+
+    cfg = load_config(None, [f"model.path={random_model_dir}", f"train.output_dir={tmp_path / 'd'}", *FAST,
+                             "train.steps=3", "algo.preset=dapo", "log.samples_every=1", "log.samples_per_step=3"])
+    train(cfg, rewards=[flat_for_linear])
+    rows = [json.loads(x) for x in (tmp_path / "d" / "metrics.jsonl").read_text().splitlines()][1:]
+    samples = [json.loads(x) for x in (tmp_path / "d" / "samples.jsonl").read_text().splitlines()]
+    assert sum(r["sampling/groups_dropped"] for r in rows) > 0
+    for r in rows:
+        prompts = {s["prompt"] for s in samples if s["step"] == r["step"]}
+        assert len(prompts) == 3  # the step still has train.prompts_per_step groups
+        linear = [p for p in prompts if p.startswith("Solve")]
+        assert len(linear) <= r["sampling/filled_groups"], (r, prompts)  # only a fill-up at the cap trains on one
+        assert r["adv/std_zero_frac"] == pytest.approx(r["sampling/filled_groups"] / 3)
