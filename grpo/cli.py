@@ -112,7 +112,7 @@ def _load(cfg):
 
     model, tokenizer = load_model(cfg.model)
     generator = build_generator(model, tokenizer, cfg.model, cfg.rollout)
-    environment = build_environment(cfg.rollout.environment, tokenizer, cfg.model)
+    environment = build_environment(tokenizer, cfg.model, cfg.rollout)
     return generator, environment, load_task(cfg.data, cfg.train.seed)
 
 

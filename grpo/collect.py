@@ -13,7 +13,7 @@ Advantages (SPEC 1.2, 1.3, 2):
   (a format check, say) next to a process reward keeps its own scale.
 
 Dynamic sampling (`algo.dynamic_sampling`, DAPO §3.2, SPEC 13.8): a group is dropped when all its rewards (its
-outcome totals, and its pooled step rewards) are equal; more prompts are drawn, `train.prompts_per_step` a round,
+outcome totals, and its pooled step rewards) are equal, or when none of its tokens is in the loss; more prompts are drawn, `train.prompts_per_step` a round,
 until the step has that many informative groups (the surplus of the last round is dropped) or
 `algo.max_sampling_rounds` rounds are spent; then the step is filled up with dropped groups in the order drawn
 (advantage 0) and `sampling/filled_groups` says how many. Every process sees every round's groups, so the choice
@@ -169,11 +169,16 @@ def _map(s: _Scored, fn) -> _Scored:
 
 
 def _informative(c: Collector, s: _Scored) -> torch.Tensor:
-    """(groups,) bool: the group's outcome totals, or its pooled step rewards, are not all equal."""
+    """(groups,) bool: the group's outcome totals, or its pooled step rewards, are not all equal, and some of its
+    tokens are in the loss (with `algo.mask_truncated`, a group of truncated episodes teaches nothing)."""
     g = c.sampling.n
     pooled = torch.where(s.step_ends >= 0, s.step_rewards.double(), float("nan"))
-    return (informative_groups(s.scores.outcome, g).cpu()
-            | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
+    learns = s.rollout.loss_mask.sum(1).cpu() > 0
+    if c.mask_truncated:
+        learns &= ~s.rollout.truncated.cpu()
+    return ((informative_groups(s.scores.outcome, g).cpu()
+             | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
+            & learns.view(-1, g).any(dim=1))
 
 
 def _pick(chosen: list[tuple[_Scored, int]], g: int, pad_id: int) -> _Scored:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from grpo.distributed import Dist
-from grpo.rewards import RewardFn
+from grpo.errors import DataError
+from grpo.rewards import RewardFn, reward_name
 from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
 
@@ -31,6 +32,9 @@ def example_fields(examples: Sequence[Example], repeat: int = 1) -> dict[str, li
 def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int) -> torch.Tensor:
     prompts = [e.prompt for e in examples for _ in range(repeat)]
     values = fn(prompts=prompts, completions=texts, **example_fields(examples, repeat))
+    if any(isinstance(v, (list, tuple)) for v in values):
+        raise DataError(f"eval.reward {reward_name(fn)!r} returned lists of steps; evaluation needs a reward that "
+                        "says 1.0 for a correct completion (an outcome reward such as last_number or math)")
     return torch.tensor([float(v or 0.0) >= 1.0 for v in values]).view(len(examples), repeat)
 
 

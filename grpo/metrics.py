@@ -152,12 +152,14 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     m: dict[str, float] = {"reward/mean": _nanmean(rewards), "reward/std": _nanstd(rewards)}
     for name, values in exp.per_fn.items():
         m[f"reward/{name}"] = _nanmean(dist.gather(values))
-    spread = rewards.view(-1, group_size).nan_to_num(0.0)
-    m["adv/std_zero_frac"] = (spread.amax(1) == spread.amin(1)).float().mean().item()
+    # groups without a policy gradient: every advantage on their loss tokens is 0 (equal rewards, for outcome ones)
+    signal = (exp.advantages * exp.loss_mask).ne(0).any(dim=1).view(-1, group_size).any(dim=1)
+    m["adv/std_zero_frac"] = dist.gather((~signal).float().cpu()).mean().item()
     u = {k: dist.sum(sum(d[k] for d in updates)) / len(updates) for k in updates[0]
          if k not in ("grad_norm", "nonfinite")}
-    tokens = max(u.pop("tokens"), 1.0)
-    m.update({k: u[k] / tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac")})
+    tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
+    m.update({k: u[k] / tokens if tokens else float("nan")
+              for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac")})
     m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
     m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
     m["completion/mean_length"] = lengths.mean().item()

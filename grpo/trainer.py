@@ -169,7 +169,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                                   adapter_off=is_lora(policy))
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
     generator = build_generator(policy, tokenizer, m, cfg.rollout, all_finished=lambda done: not dist.any(not done))
-    environment = build_environment(cfg.rollout.environment, tokenizer, m)
+    environment = build_environment(tokenizer, m, cfg.rollout)
     if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
     else:

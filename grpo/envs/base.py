@@ -12,7 +12,7 @@ one `Rollout` of N = examples × n episodes, example by example, in which:
 - `texts` is what the reward functions score, one string per episode: the decoding of the episode's tokens
   before its EOS (`skip_special_tokens=True`), since process rewards' character offsets are mapped back to
   tokens through it;
-- `truncated` marks episodes cut off by a length limit;
+- `truncated` marks episodes cut off by a length limit; every other episode ends with an EOS token, its last;
 - `sampler_logp`, if the generator reported log-probs, covers the model's tokens (0 elsewhere).
 An episode's randomness must come from its example's seed alone (not from the batch it shares), so that runs
 are the same for any number of processes and after a resume.

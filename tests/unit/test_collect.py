@@ -208,3 +208,18 @@ def test_without_dynamic_sampling_nothing_is_dropped():
     c = Collector(**{**c.__dict__, "dynamic_sampling": False})
     exp = collect(c, s, Dist())
     assert [e.prompt for e in exp.examples] == order[:2] and exp.stats == {}
+
+
+def test_dynamic_sampling_with_mask_truncated_drops_groups_that_are_all_truncated():
+    class Truncating(Scripted):
+        def rollout(self, generator, examples, sampling, seeds=None):
+            r = super().rollout(generator, examples, sampling, seeds)
+            r.truncated[:] = torch.tensor([e.prompt == "p0" for e in examples for _ in range(sampling.n)])
+            return r
+
+    env = Truncating({"p0": ["1", "2"], "p1": ["1", "2"], "p2": ["2", "1"], "p3": ["1", "1"]})
+    c = collector(env, [("last_number", last_number)], dynamic_sampling=True, max_sampling_rounds=4,
+                  mask_truncated=True)
+    exp = collect(c, PromptStream([Example(p, "1") for p in ("p0", "p1", "p2", "p3")], 2, seed=0), Dist())
+    assert sorted(e.prompt for e in exp.examples) == ["p1", "p2"]  # p0's rewards differ, but it is all masked
+    assert exp.loss_mask.sum(1).gt(0).all()

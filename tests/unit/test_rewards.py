@@ -107,3 +107,14 @@ def test_bad_steps_and_mixed_kinds_are_errors_naming_the_function():
 def test_repeated_names_are_kept_apart():
     s = score([exact_match, exact_match], [1.0, 2.0], ["p"], [" 5"], {"answer": ["5"]})
     assert list(s.per_fn) == ["exact_match", "exact_match_2"] and s.total.tolist() == [3.0]
+
+
+def test_a_process_reward_cannot_judge_evaluation():
+    from grpo.evaluation import _correct
+    from grpo.rewards import arithmetic_steps
+    from grpo.tasks.base import Example
+
+    with pytest.raises(DataError, match="eval.reward 'arithmetic_steps' returned lists of steps"):
+        _correct(arithmetic_steps, [Example("Calculate 2 + 2 * 6 =", "14", {"task": "arithmetic",
+                                                                            "operands": [2, 2, 6], "ops": ["+", "*"]})],
+                 [" 2 * 6 = 12, 2 + 12 = 14"], 1)
