@@ -13,10 +13,10 @@ Advantages (SPEC 1.2, 1.3, 2):
   (a format check, say) next to a process reward keeps its own scale.
 
 Dynamic sampling (`algo.dynamic_sampling`, DAPO §3.2, SPEC 13.8): a group is dropped when all its rewards (its
-outcome totals, and its pooled step rewards) are equal, or when none of its tokens is in the loss; more prompts are drawn, `train.prompts_per_step` a round,
-until the step has that many informative groups (the surplus of the last round is dropped) or
-`algo.max_sampling_rounds` rounds are spent; then the step is filled up with dropped groups in the order drawn
-(advantage 0) and `sampling/filled_groups` says how many. Every process sees every round's groups, so the choice
+outcome totals, and its pooled step rewards) are equal, or when none of its tokens is in the loss; more prompts
+are drawn, `train.prompts_per_step` a round, until the step has that many informative groups (the surplus of the
+last round is dropped) or `algo.max_sampling_rounds` rounds are spent; then the step is filled up with dropped
+groups in the order drawn (advantage 0) and `sampling/filled_groups` says how many. Every process sees every round's groups, so the choice
 and the order are the same for any number of processes, and each prompt's seed is its position in the stream.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.envs import Environment
 from grpo.evaluation import example_fields
-from grpo.experience import Experience
+from grpo.experience import Experience, trained_tokens
 from grpo.rewards import Scores, score
 from grpo.rollout import TRAIN, Generator, Rollout, Sampling, sampling_seed
 from grpo.rollout.base import concat_rollouts
@@ -57,6 +57,11 @@ class Collector:
     dynamic_sampling: bool = False
     max_sampling_rounds: int = 1
 
+    @property
+    def pad_id(self) -> int:  # what joined rounds are padded with
+        pad = getattr(self.tokenizer, "pad_token_id", None)
+        return pad if pad is not None else 0
+
 
 @dataclass
 class _Scored:
@@ -78,7 +83,7 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     dropped: list[tuple[_Scored, int]] = []
     rounds = drawn = 0
     while len(kept) < c.prompts_per_step and rounds < c.max_sampling_rounds:
-        whole = _everyone(_sample_round(c, stream, dist), dist, _pad_id(c))  # the round's groups, every process's
+        whole = _everyone(_sample_round(c, stream, dist), dist, c.pad_id)  # the round's groups, every process's
         rounds, drawn = rounds + 1, drawn + len(whole.examples)
         for g, ok in enumerate(_informative(c, whole).tolist()):
             (kept if ok else dropped).append((whole, g))
@@ -86,7 +91,9 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     chosen = kept[:c.prompts_per_step] + dropped[:filled]
     stats = {"sampling/rounds": rounds, "sampling/prompts_drawn": drawn,
              "sampling/groups_dropped": drawn - len(kept), "sampling/filled_groups": filled}
-    return _experience(c, _pick(chosen, c.sampling.n, _pad_id(c)), dist, everyone=True, stats=stats)
+    g = c.sampling.n
+    picked = _concat([_select(s, range(i * g, (i + 1) * g)) for s, i in chosen], c.pad_id)
+    return _experience(c, picked, dist, everyone=True, stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -144,11 +151,6 @@ def _token_of(tokenizer, ids: list[int], end: int, text: str, length: int) -> in
 # ---------------------------------------------------------------------------------------------------------
 # dynamic sampling: every process's groups, the informative ones, a chosen set
 
-def _pad_id(c: Collector) -> int:
-    pad = getattr(c.tokenizer, "pad_token_id", None)
-    return pad if pad is not None else 0
-
-
 def _everyone(mine: _Scored, dist: Dist, pad_id: int) -> _Scored:
     """The round's groups of every process, in rank order (which is the order drawn)."""
     if dist.world_size == 1:
@@ -173,27 +175,22 @@ def _informative(c: Collector, s: _Scored) -> torch.Tensor:
     tokens are in the loss (with `algo.mask_truncated`, a group of truncated episodes teaches nothing)."""
     g = c.sampling.n
     pooled = torch.where(s.step_ends >= 0, s.step_rewards.double(), float("nan"))
-    learns = s.rollout.loss_mask.sum(1).cpu() > 0
-    if c.mask_truncated:
-        learns &= ~s.rollout.truncated.cpu()
+    learns = trained_tokens(s.rollout, c.mask_truncated).sum(1).cpu() > 0
     return ((informative_groups(s.scores.outcome, g).cpu()
              | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
             & learns.view(-1, g).any(dim=1))
 
 
-def _pick(chosen: list[tuple[_Scored, int]], g: int, pad_id: int) -> _Scored:
-    """The chosen groups as one batch, in the order given."""
-    parts = []
-    for s, i in chosen:
-        rows = list(range(i * g, (i + 1) * g))
-        index = torch.tensor(rows)
-        sc = s.scores
-        scores = Scores(sc.total[index], {k: v[index] for k, v in sc.per_fn.items()}, sc.outcome[index],
-                        [sc.steps[r] for r in rows])
-        take = index.to(s.step_ends.device)
-        parts.append(_Scored(s.rollout.select(rows), [s.examples[i]], scores, s.step_ends[take],
-                             s.step_rewards[take]))
-    return _concat(parts, pad_id)
+def _select(s: _Scored, rows: range) -> _Scored:
+    """These rows of `s` (whole groups)."""
+    g = len(s.rollout) // len(s.examples)
+    index = torch.tensor(list(rows))
+    sc = s.scores
+    scores = Scores(sc.total[index], {k: v[index] for k, v in sc.per_fn.items()}, sc.outcome[index],
+                    [sc.steps[r] for r in rows])
+    take = index.to(s.step_ends.device)
+    return _Scored(s.rollout.select(rows), s.examples[rows.start // g:rows.stop // g], scores, s.step_ends[take],
+                   s.step_rewards[take])
 
 
 def _concat(parts: list[_Scored], pad_id: int) -> _Scored:
@@ -206,40 +203,34 @@ def _concat(parts: list[_Scored], pad_id: int) -> _Scored:
                     torch.cat([p.scores.outcome for p in parts]), [s for p in parts for s in p.scores.steps])
     k = max(p.step_ends.shape[1] for p in parts)
     pad = lambda x, v: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=v)  # noqa: E731
-    return _Scored(rollout, [e for p in parts for e in p.examples], scores,
-                   torch.cat([pad(p.step_ends, -1) for p in parts]), torch.cat([pad(p.step_rewards, 0.0) for p in parts]))
+    ends = torch.cat([pad(p.step_ends, -1) for p in parts])
+    return _Scored(rollout, [e for p in parts for e in p.examples], scores, ends,
+                   torch.cat([pad(p.step_rewards, 0.0) for p in parts]))
 
 
 # ---------------------------------------------------------------------------------------------------------
 # advantages
 
 def _experience(c: Collector, s: _Scored, dist: Dist, *, everyone: bool, stats: dict | None = None) -> Experience:
-    """Advantages of `s`, then this process's Experience. `everyone`: `s` holds every process's groups (and
-    this process keeps its share); else it holds this process's alone, and the rewards are gathered."""
-    g, r, sc = c.sampling.n, s.rollout, s.scores
-    n_all = len(r) if everyone else len(r) * dist.world_size
-    mine = slice(dist.rank * n_all // dist.world_size, (dist.rank + 1) * n_all // dist.world_size) if everyone \
-        else slice(0, len(r))
+    """Advantages of `s`, then this process's Experience. `everyone`: `s` holds every process's groups and this
+    process keeps its share; else it holds this process's alone, and the rewards are gathered."""
+    g = c.sampling.n
     if everyone:
-        all_rewards, outcome = sc.total, sc.outcome
+        all_rewards, outcome = s.scores.total, s.scores.outcome
+        n = len(s.rollout) // dist.world_size
     else:  # every process's rewards, in one collective (batch std needs them all; logging too)
-        both = dist.gather(torch.cat([sc.total, sc.outcome])).view(dist.world_size, 2, len(r))
+        n = len(s.rollout)
+        both = dist.gather(torch.cat([s.scores.total, s.scores.outcome])).view(dist.world_size, 2, n)
         all_rewards, outcome = both[:, 0].reshape(-1), both[:, 1].reshape(-1)
+    # outcome advantages from every process's rewards (0 where no outcome reward applies), then this process's
+    out = compute_advantages(outcome, g, scale=c.scale, std=c.std, eps=c.eps)[dist.rank * n:(dist.rank + 1) * n]
+    if everyone:
+        s = _select(s, range(dist.rank * n, (dist.rank + 1) * n))
+    r = s.rollout
     width = r.completion_ids.shape[1]
-    adv = torch.zeros(len(r), width, dtype=torch.float32, device=r.completion_ids.device)
-    out = compute_advantages(outcome, g, scale=c.scale, std=c.std, eps=c.eps)  # 0 where no outcome reward applies
-    if not everyone:
-        out = out[dist.rank * len(r):(dist.rank + 1) * len(r)]
+    adv = torch.zeros(n, width, dtype=torch.float32, device=r.completion_ids.device)
     adv += out.to(adv.device).unsqueeze(1)
     if (s.step_ends >= 0).any():  # groups never span processes: the pooled statistics are each group's own
         adv += process_advantages(s.step_rewards, s.step_ends, g, width, std=c.std, eps=c.eps).to(adv.device)
-    if everyone:
-        groups = slice(mine.start // g, mine.stop // g)
-        rows = list(range(mine.start, mine.stop))
-        r, adv = r.select(rows), adv[mine]
-        examples, total = s.examples[groups], sc.total[mine]
-        per_fn = {k: v[mine] for k, v in sc.per_fn.items()}
-    else:
-        examples, total, per_fn = s.examples, sc.total, sc.per_fn
-    return Experience.from_rollout(r, examples, adv, total, per_fn, all_rewards, mask_truncated=c.mask_truncated,
-                                   stats=stats)
+    return Experience.from_rollout(r, s.examples, adv, s.scores.total, s.scores.per_fn, all_rewards,
+                                   mask_truncated=c.mask_truncated, stats=stats)

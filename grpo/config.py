@@ -291,7 +291,8 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         resolve_reward(name, field="rewards")
     resolve_reward(cfg.eval.reward, field="eval.reward")
     if cfg.reward_weights is not None and len(cfg.reward_weights) != (num_rewards or len(cfg.rewards)):
-        given = f"{num_rewards} reward functions are given" if num_rewards else f"rewards names {len(cfg.rewards)} functions"
+        given = (f"{num_rewards} reward functions are given" if num_rewards
+                 else f"rewards names {len(cfg.rewards)} functions")
         raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but {given}; give one weight per "
                           "function")
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:

@@ -95,20 +95,22 @@ def shutdown(dist: Dist) -> None:
             td.destroy_process_group()
 
 
-def wrap_for_training(model, dist: Dist, sharding: str, path: ForwardPath, *, train_mode: bool = False) -> torch.nn.Module:
+def wrap_for_training(model, dist: Dist, sharding: str, path: ForwardPath, *,
+                      train_mode: bool = False) -> torch.nn.Module:
     """The module the training forward runs through: a `LogprobModule` computing as `path` says, plain, in DDP,
     or over FSDP2-sharded parameters (in place; `path` must then be `forward_path(..., sharded=True)`)."""
-    if dist.world_size == 1 and sharding != "fsdp":
-        return LogprobModule(model, path, train_mode=train_mode)
+    module = LogprobModule(model, path, train_mode=train_mode)
     if sharding == "fsdp":
         from torch.distributed.fsdp import fully_shard
         for layer in _decoder_layers(model):
             fully_shard(layer)
         fully_shard(model)
-        return LogprobModule(model, path, train_mode=train_mode)
+        return module
+    if dist.world_size == 1:
+        return module
     from torch.nn.parallel import DistributedDataParallel
     ids = [dist.local_rank] if dist.backend == "nccl" else None
-    return DistributedDataParallel(LogprobModule(model, path, train_mode=train_mode), device_ids=ids)
+    return DistributedDataParallel(module, device_ids=ids)
 
 
 def _decoder_layers(model) -> list[torch.nn.Module]:

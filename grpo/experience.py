@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.rollout import Rollout
+from grpo.rollout.base import check_shapes
 from grpo.tasks.base import Example
 
 
@@ -34,17 +35,14 @@ class Experience:
 
     def __post_init__(self):
         n, t = self.completion_ids.shape
-        for name in ("completion_mask", "loss_mask", "advantages", "sampler_logp"):
-            x = getattr(self, name)
-            if x is not None and tuple(x.shape) != (n, t):
-                raise ValueError(f"Experience.{name} has shape {tuple(x.shape)}; completion_ids has {(n, t)}")
+        full = ("completion_mask", "loss_mask", "advantages", "sampler_logp")
+        check_shapes("Experience", {k: getattr(self, k) for k in full}, (n, t), f"completion_ids has {(n, t)}")
         if self.prompt_ids.shape[0] != n or self.prompt_mask.shape != self.prompt_ids.shape:
             raise ValueError(f"Experience prompts have shapes {tuple(self.prompt_ids.shape)} and "
                              f"{tuple(self.prompt_mask.shape)} for {n} rows")
-        for name in ("rewards", "group", "truncated", *(f"per_fn[{k!r}]" for k in self.per_fn)):
-            x = self.per_fn[name[8:-2]] if name.startswith("per_fn") else getattr(self, name)
-            if tuple(x.shape) != (n,):
-                raise ValueError(f"Experience.{name} has shape {tuple(x.shape)}; it must be ({n},)")
+        rows = {"rewards": self.rewards, "group": self.group, "truncated": self.truncated,
+                **{f"per_fn[{k!r}]": v for k, v in self.per_fn.items()}}
+        check_shapes("Experience", rows, (n,), f"it must be ({n},)")
         if len(self.texts) != n:
             raise ValueError(f"Experience has {len(self.texts)} texts for {n} rows")
         if n and not 0 <= int(self.group.min()) <= int(self.group.max()) < len(self.examples):
@@ -69,11 +67,17 @@ class Experience:
         if not examples or n % len(examples):
             raise ValueError(f"{n} rows do not make {len(examples)} groups of equal size")
         g = n // len(examples)
-        loss_mask = rollout.loss_mask.clone()
-        if mask_truncated:
-            loss_mask[rollout.truncated] = 0
+        loss_mask = trained_tokens(rollout, mask_truncated)
         device = rollout.completion_ids.device
         group = torch.arange(len(examples), device=device).repeat_interleave(g)
         return cls(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
                    loss_mask, advantages.to(device=device, dtype=torch.float32), rollout.sampler_logp, rewards,
                    per_fn, group, list(examples), rollout.texts, rollout.truncated, all_rewards, dict(stats or {}))
+
+
+def trained_tokens(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:
+    """(N, T) the rollout's loss mask, with truncated rows zeroed when `mask_truncated` (a new tensor)."""
+    mask = rollout.loss_mask.clone()
+    if mask_truncated:
+        mask[rollout.truncated] = 0
+    return mask

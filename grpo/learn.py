@@ -50,11 +50,12 @@ def learn(lr: Learner, exp: Experience, dist: Dist) -> list[dict]:
     normalizer = loss_normalizer(lr.aggregation, num_sequences=len(exp) * dist.world_size,
                                  num_tokens=int(dist.sum(exp.loss_mask.sum().item())),
                                  max_completion_length=lr.max_completion_length)
+    parts = list(micro_batches(exp.prompt_mask, exp.completion_mask, lr.max_rows, lr.max_tokens))
     # 6. reference and old log-probs, without gradients
-    ref_logp = _logprobs_no_grad(lr, lr.reference, exp) if lr.reference is not None else None
-    old_logp = _logprobs_no_grad(lr, lr.trainable, exp) if lr.num_iterations > 1 else None
+    ref_logp = _logprobs_no_grad(lr, lr.reference, exp, parts) if lr.reference is not None else None
+    old_logp = _logprobs_no_grad(lr, lr.trainable, exp, parts) if lr.num_iterations > 1 else None
     # 7. μ updates
-    return [_update(lr, dist, exp, normalizer, ref_logp, old_logp) for _ in range(lr.num_iterations)]
+    return [_update(lr, dist, exp, parts, normalizer, ref_logp, old_logp) for _ in range(lr.num_iterations)]
 
 
 def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_rows: int,
@@ -77,31 +78,26 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
         start = end
 
 
-def _parts(lr: Learner, exp: Experience) -> list[tuple[slice, slice, slice]]:
-    return list(micro_batches(exp.prompt_mask, exp.completion_mask, lr.max_rows, lr.max_tokens))
-
-
 def _mb_logprobs(lr: Learner, module, exp: Experience, rows, pcols, ccols) -> torch.Tensor:
     return module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
                   exp.completion_mask[rows, ccols], temperature=lr.temperature, chunk_size=lr.chunk_size)
 
 
-def _logprobs_no_grad(lr: Learner, module, exp: Experience) -> torch.Tensor:
+def _logprobs_no_grad(lr: Learner, module, exp: Experience, parts) -> torch.Tensor:
     out = torch.zeros(exp.completion_ids.shape, dtype=torch.float32, device=exp.completion_ids.device)  # (N, T)
-    for rows, pcols, ccols in _parts(lr, exp):
+    for rows, pcols, ccols in parts:
         with inference(module):  # no autograd bookkeeping; the copy into `out` leaves inference mode
             logp = _mb_logprobs(lr, module, exp, rows, pcols, ccols)
         out[rows, ccols] = logp.float()
     return out
 
 
-def _update(lr: Learner, dist: Dist, exp: Experience, normalizer: float, ref_logp, old_logp) -> dict:
+def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, ref_logp, old_logp) -> dict:
     """One optimiser update over the whole step: gradients summed over micro-batches and processes. An update
     whose loss or gradient is not finite is skipped, on every process alike."""
     lr.optimizer.zero_grad(set_to_none=True)
     totals: dict[str, float] = {}
     nonfinite = None
-    parts = _parts(lr, exp)
     for i, (rows, pcols, ccols) in enumerate(parts):
         with no_sync(lr.trainable, skip=i < len(parts) - 1):  # DDP all-reduces once, after the last micro-batch
             logp = _mb_logprobs(lr, lr.trainable, exp, rows, pcols, ccols)

@@ -8,5 +8,6 @@ from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
 from grpo.algo.loss import kl_penalty, loss_normalizer, policy_loss
 from grpo.algo.presets import PRESETS, Preset, get_preset
 
-__all__ = ["PRESETS", "Preset", "compute_advantages", "get_preset", "group_advantages", "informative_groups", "kl_penalty", "loss_normalizer", "policy_loss",
+__all__ = ["PRESETS", "Preset", "compute_advantages", "get_preset", "group_advantages", "informative_groups",
+           "kl_penalty", "loss_normalizer", "policy_loss",
            "process_advantages", "rloo_advantages", "token_logprobs", "token_logprobs_from_hidden"]

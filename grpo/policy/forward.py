@@ -26,6 +26,7 @@ import torch
 
 from grpo.algo import token_logprobs, token_logprobs_from_hidden
 from grpo.policy import lean as lean_layers
+from grpo.policy.context import is_checkpointing
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,8 @@ def forward_path(model, *, sharded: bool = False, share_prompt: bool = False, le
     """The one decision of how log-probs of `model` are computed: the options asked for, where the model allows
     them. `sharded`: the parameters are (or will be) FSDP2 shards."""
     fused = not sharded and fusable(model)
-    return ForwardPath(fused=fused, share_prompt=share_prompt and not sharded and not _checkpointing(model),
+    return ForwardPath(fused=fused, share_prompt=share_prompt and not sharded and not is_checkpointing(model),
                        lean=fused and lean and lean_layers.supported_for_training(model), autocast_bf16=autocast_bf16)
-
-
-def _checkpointing(model) -> bool:
-    # transformers 5 renamed is_gradient_checkpointing (now deprecated) to is_activation_checkpointing
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
-        "is_gradient_checkpointing"
-    return bool(getattr(model, name, False))
 
 
 def fusable(model) -> bool:

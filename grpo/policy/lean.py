@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from grpo.policy.context import is_sharded
+from grpo.policy.context import is_checkpointing, is_sharded
 
 ARCHITECTURES = ("llama", "qwen2", "mistral")
 
@@ -53,12 +53,7 @@ def supported(model) -> bool:
 def supported_for_training(model) -> bool:
     """`supported`, and nothing that a training forward of transformers' would do differently: no gradient
     checkpointing (it recomputes activations to save memory), no attention dropout while training."""
-    if not supported(model):
-        return False
-    # transformers 5 renamed is_gradient_checkpointing (now deprecated) to is_activation_checkpointing
-    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
-        "is_gradient_checkpointing"
-    if getattr(model, name, False):
+    if not supported(model) or is_checkpointing(model):
         return False
     return not (model.training and getattr(model.config, "attention_dropout", 0.0))
 

@@ -46,10 +46,8 @@ class Rollout:
         n, t = self.completion_ids.shape
         if self.loss_mask is None:
             self.loss_mask = self.completion_mask.clone()
-        for name in ("completion_mask", "loss_mask", "sampler_logp"):
-            x = getattr(self, name)
-            if x is not None and tuple(x.shape) != (n, t):
-                raise ValueError(f"Rollout.{name} has shape {tuple(x.shape)}; completion_ids has {(n, t)}")
+        check_shapes("Rollout", {k: getattr(self, k) for k in ("completion_mask", "loss_mask", "sampler_logp")},
+                     (n, t), f"completion_ids has {(n, t)}")
         if self.prompt_ids.shape[0] != n or self.prompt_mask.shape != self.prompt_ids.shape:
             raise ValueError(f"Rollout prompts have shapes {tuple(self.prompt_ids.shape)} and "
                              f"{tuple(self.prompt_mask.shape)} for {n} completions")
@@ -71,6 +69,13 @@ class Rollout:
         return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids),
                        pick(self.completion_mask), pick(self.truncated), [self.texts[i] for i in index.tolist()],
                        pick(self.loss_mask), pick(self.sampler_logp))
+
+
+def check_shapes(owner: str, tensors: dict[str, torch.Tensor | None], shape: tuple, expected: str) -> None:
+    """A ValueError naming the first of `tensors` (None skipped) whose shape is not `shape`."""
+    for name, x in tensors.items():
+        if x is not None and tuple(x.shape) != shape:
+            raise ValueError(f"{owner}.{name} has shape {tuple(x.shape)}; {expected}")
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
