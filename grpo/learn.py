@@ -3,8 +3,10 @@ without gradients, then μ updates, each accumulating gradients over micro-batch
 
 Nothing here branches on a variant: the algorithm's choices are the values handed to `grpo.algo.policy_loss`
 and `loss_normalizer`. The per-token advantages and the loss mask come from the Experience as they are.
-`Experience.sampler_logp` is carried for a sampler–trainer correction (SPEC 13.1); the in-process generator
-reports none, since its log-probs are the trainer's own.
+When the sampler is an engine of its own (vLLM), `Experience.sampler_logp` holds its log-probs and the policy
+term is weighted by the sampler–trainer correction `grpo.algo.sampler_weights` (SPEC 13.1), with the trainer's
+old log-probs (the weights the sampler was given) against the sampler's. The in-process generator reports none:
+its log-probs are the trainer's own, so the weight is exactly 1 and nothing is computed.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import loss_normalizer, policy_loss
+from grpo.algo import loss_normalizer, policy_loss, sampler_weights
 from grpo.distributed import Dist, no_sync
 from grpo.experience import Experience
 from grpo.policy import inference
@@ -40,6 +42,9 @@ class Learner:
     ratio_level: str = "token"
     aggregation: str = "seq_mean"
     num_iterations: int = 1
+    correction: str = "token_tis"            # algo.sampler_correction, when the Experience has sampler log-probs
+    correction_cap: float = 2.0
+    correction_floor: float = 0.0
 
 
 def learn(lr: Learner, exp: Experience, dist: Dist) -> list[dict]:
@@ -103,11 +108,20 @@ def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, 
             logp = _mb_logprobs(lr, lr.trainable, exp, rows, pcols, ccols)
             old = old_logp[rows, ccols] if old_logp is not None else logp.detach()
             ref = ref_logp[rows, ccols] if ref_logp is not None else None
+            weight = None
+            if exp.sampler_logp is not None:  # π_old / π_smp: the trainer's log-probs against the sampler's
+                weight, mismatch = sampler_weights(old, exp.sampler_logp[rows, ccols], exp.loss_mask[rows, ccols],
+                                                   mode=lr.correction, cap=lr.correction_cap,
+                                                   floor=lr.correction_floor)
+                totals["mismatch/abs_diff_max"] = max(totals.get("mismatch/abs_diff_max", 0.0),
+                                                      mismatch.pop("abs_diff_max").item())
+                mismatch.pop("tokens")
+                _add(totals, {f"mismatch/{k}": v.item() for k, v in mismatch.items()})
             loss, stats = policy_loss(logp, old, exp.advantages[rows, ccols], exp.loss_mask[rows, ccols],
                                       ref_logp=ref, beta=lr.beta, clip_low=lr.clip_low, clip_high=lr.clip_high,
                                       ratio_level=lr.ratio_level, aggregation=lr.aggregation,
                                       normalizer=normalizer, max_completion_length=lr.max_completion_length,
-                                      kl_kind=lr.kl_kind)
+                                      kl_kind=lr.kl_kind, is_weight=weight)
             if not torch.isfinite(loss) and nonfinite is None:
                 nonfinite = "loss"
             # the normaliser already counts every process; DDP and FSDP average gradients over processes,

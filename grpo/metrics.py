@@ -156,10 +156,13 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     signal = (exp.advantages * exp.loss_mask).ne(0).any(dim=1).view(-1, group_size).any(dim=1)
     m["adv/std_zero_frac"] = dist.gather((~signal).float().cpu()).mean().item()
     u = {k: dist.sum(sum(d[k] for d in updates)) / len(updates) for k in updates[0]
-         if k not in ("grad_norm", "nonfinite")}
+         if k not in ("grad_norm", "nonfinite", "mismatch/abs_diff_max")}
     tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
-    m.update({k: u[k] / tokens if tokens else float("nan")
-              for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac")})
+    per_token = ["kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac"]
+    if "mismatch/abs_diff_max" in updates[0]:  # a sampler with log-probs of its own (SPEC 13.1)
+        per_token += ["mismatch/abs_diff", "mismatch/k3", "mismatch/capped", "mismatch/weight"]
+        m["mismatch/abs_diff_max"] = dist.max(max(d["mismatch/abs_diff_max"] for d in updates))
+    m.update({k: u[k] / tokens if tokens else float("nan") for k in per_token})
     m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
     m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
     m["completion/mean_length"] = lengths.mean().item()

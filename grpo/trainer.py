@@ -13,6 +13,7 @@ built, and the pure functions of `grpo.algo` consume them.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 import warnings
@@ -80,6 +81,11 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     run = _build(cfg, rewards, dist)
+    with contextlib.closing(run.generator):  # an engine of its own (vLLM) is shut down however the run ends
+        return _train(cfg, run, dist, out)
+
+
+def _train(cfg: Config, run: _Run, dist: Dist, out: Path) -> TrainResult:
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
     state = _restore(cfg, ckpt, run) if ckpt is not None else TrainState()
     if dist.is_main:
@@ -168,7 +174,8 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
         reference = LogprobModule(policy if is_lora(policy) else frozen_copy(policy), path,
                                   adapter_off=is_lora(policy))
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
-    generator = build_generator(policy, tokenizer, m, cfg.rollout, all_finished=lambda done: not dist.any(not done))
+    generator = build_generator(policy, tokenizer, cfg, all_finished=lambda done: not dist.any(not done),
+                                world_size=dist.world_size)
     environment = build_environment(tokenizer, m, cfg.rollout)
     if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
@@ -184,7 +191,9 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     learner = Learner(trainable, reference, optimizer, cfg.rollout.temperature, m.logprob_chunk_size,
                       c.micro_batch_size, c.micro_batch_tokens, cfg.rollout.max_new_tokens, cfg.optim.max_grad_norm,
                       beta=a.beta, kl_kind=a.kl_kind, clip_low=a.clip_low, clip_high=a.clip_high,
-                      ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations)
+                      ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations,
+                      correction=a.sampler_correction, correction_cap=a.sampler_correction_cap,
+                      correction_floor=a.sampler_correction_floor)
     stream = PromptStream(task.train, cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
@@ -205,6 +214,7 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
         warnings.warn(f"train.steps changed from {saved['train']['steps']} to {cfg.train.steps}: the "
                       f"{cfg.optim.lr_schedule} LR decay now ends at the new step count", stacklevel=3)
     raw = load_checkpoint(ckpt, model=run.policy, optimizer=run.optimizer, scheduler=run.scheduler)  # shards too
+    run.generator.sync_weights(run.policy)  # an engine started from the initial weights samples from these
     state = TrainState(**raw)
     run.stream.restore(state.stream["epoch"], state.stream["position"])
     return state

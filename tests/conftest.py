@@ -9,6 +9,7 @@ torch.set_num_threads(min(2, os.cpu_count() or 1))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end runs of a minute or more")
+    config.addinivalue_line("markers", "vllm: needs vLLM (make setup-vllm); skipped without it")
 
 
 @pytest.fixture(autouse=True)

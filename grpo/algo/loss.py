@@ -58,7 +58,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
                 ref_logp: torch.Tensor | None = None, beta: float = 0.0, clip_low: float = 0.2,
                 clip_high: float = 0.2, ratio_level: str = "token", aggregation: str = "seq_mean",
                 normalizer: float | None = None, max_completion_length: int | None = None,
-                kl_kind: str = "k3", dual_clip: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                kl_kind: str = "k3", dual_clip: float | None = None,
+                is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped-surrogate loss with a KL penalty: (B, T) log-probs → (scalar loss, stats).
 
     Args:
@@ -77,6 +78,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
             takes it from this batch alone.
         kl_kind: "k3" (default), "k2" or "k1" (`kl_penalty`).
         dual_clip: c > 1 for dual-clip PPO (for Â < 0 the surrogate is at least c·Â); None disables it.
+        is_weight: (B, T) sampler–trainer correction weights (`grpo.algo.sampler_weights`, SPEC 13.1), detached
+            and multiplied into the policy term after clipping, never into the KL term; None means 1.
 
     Returns the loss and detached stats: "loss/policy" and "loss/kl" (the two parts of the loss, same
     normaliser), "kl" (mean KL per token), "ratio/mean", "clip/low_frac", "clip/high_frac", "clip/frac"
@@ -97,6 +100,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
                          f"({logp.shape[0]},) or {tuple(logp.shape)}")
     if ref_logp is not None:
         check_same_shape("ref_logp", ref_logp, "logp", logp)
+    if is_weight is not None:
+        check_same_shape("is_weight", is_weight, "logp", logp)
     if beta < 0:
         raise ValueError(f"beta must be >= 0, got {beta!r}")
     if beta > 0 and ref_logp is None:
@@ -127,6 +132,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     surrogate = torch.minimum(ratio * a, clipped * a)
     if dual_clip is not None:
         surrogate = torch.where(a < 0, torch.maximum(surrogate, dual_clip * a), surrogate)
+    if is_weight is not None:
+        surrogate = surrogate * torch.where(valid, is_weight.detach().to(logp.dtype), zero)
     per_token = -surrogate
 
     kl = None

@@ -8,21 +8,27 @@ from grpo.rollout.base import EVAL, SAMPLE, TRAIN, Generator, Rollout, Sampling,
 from grpo.rollout.hf import HFGenerator, sample_next
 
 
-def _hf(model, tokenizer, model_cfg, rollout_cfg, all_finished) -> Generator:
-    return HFGenerator(model, tokenizer, all_finished=all_finished, add_special_tokens=not model_cfg.chat_template,
-                       autocast_bf16=model_cfg.autocast_bf16, lean=rollout_cfg.lean_decoding)
+def _hf(model, tokenizer, cfg, all_finished, world_size) -> Generator:
+    return HFGenerator(model, tokenizer, all_finished=all_finished, add_special_tokens=not cfg.model.chat_template,
+                       autocast_bf16=cfg.model.autocast_bf16, lean=cfg.rollout.lean_decoding)
 
 
-# name -> builder(model, tokenizer, model_cfg, rollout_cfg, all_finished); a new backend adds one entry here
-BACKENDS: dict[str, Callable[..., Generator]] = {"hf": _hf}
+def _vllm(model, tokenizer, cfg, all_finished, world_size) -> Generator:
+    from grpo.rollout.vllm_engine import VLLMGenerator
+    return VLLMGenerator(model, tokenizer, vllm_cfg=cfg.vllm, dtype=cfg.model.dtype, seed=cfg.train.seed,
+                         add_special_tokens=not cfg.model.chat_template, distributed=world_size > 1)
 
 
-def build_generator(model, tokenizer, model_cfg, rollout_cfg, *,
-                    all_finished: Callable[[bool], bool] | None = None) -> Generator:
-    """The generator `rollout.backend` names, sampling from `model` (`grpo.config.ModelConfig` and
-    `RolloutConfig` sections). `all_finished(done)`: True only when every process's batch is done, for backends
-    whose decoding steps are collective (the in-process generator under FSDP)."""
-    return BACKENDS[rollout_cfg.backend](model, tokenizer, model_cfg, rollout_cfg, all_finished)
+# name -> builder(model, tokenizer, cfg, all_finished, world_size); a new backend adds one entry here
+BACKENDS: dict[str, Callable[..., Generator]] = {"hf": _hf, "vllm": _vllm}
+
+
+def build_generator(model, tokenizer, cfg, *, all_finished: Callable[[bool], bool] | None = None,
+                    world_size: int = 1) -> Generator:
+    """The generator `cfg.rollout.backend` names (`cfg`: a whole `grpo.config.Config`), sampling from `model`.
+    `all_finished(done)`: True only when every process's batch is done, for backends whose decoding steps are
+    collective (the in-process generator under FSDP). `world_size`: processes torchrun started."""
+    return BACKENDS[cfg.rollout.backend](model, tokenizer, cfg, all_finished, world_size)
 
 
 __all__ = ["BACKENDS", "EVAL", "SAMPLE", "TRAIN", "Generator", "HFGenerator", "Rollout", "Sampling",

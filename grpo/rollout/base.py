@@ -116,5 +116,8 @@ class Generator(Protocol):
         A backend whose engine reports log-probs of the sampled tokens returns them as `Rollout.sampler_logp`."""
 
     def sync_weights(self, model) -> None:
-        """Make the engine sample from `model`'s current weights. Called after every optimiser step; a no-op for
-        a generator that samples from the training model itself."""
+        """Make the engine sample from `model`'s current weights. Called after every optimiser step (and after
+        a resume); a no-op for a generator that samples from the training model itself."""
+
+    def close(self) -> None:
+        """Release the engine (the trainer calls it when the run ends, however it ends)."""

@@ -73,6 +73,9 @@ class HFGenerator:
     def sync_weights(self, model) -> None:
         """Nothing to do: this generator samples from the model being trained."""
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
         """n completions per prompt; `seeds` gives each prompt's sampling seed (None: drawn from torch's
         global generator)."""

@@ -1,0 +1,91 @@
+"""The sampler–trainer mismatch correction (SPEC 13.1, our choices 13.8).
+
+An inference engine (vLLM) and the trainer compute slightly different log-probs for the same weights: other
+kernels, other precision. The completions come from the engine's distribution π_smp, so the exact ratio
+π_θ/π_smp factorises into the PPO ratio π_θ/π_old (clipped as usual) and the mismatch ratio
+ρ = π_old/π_smp = exp(ℓ_old − ℓ_smp), which is detached and multiplies the policy term only (never the KL):
+
+    L_t = sg(w_t) · P_t + β · k3_t
+
+`sampler_weights` turns the two log-prob tensors into the weights w:
+
+    none       w = 1
+    token_tis  w = min(ρ_t, C)                         truncated importance sampling (Yao et al. 2025; verl)
+    token_mis  w = ρ_t · 1[C_min ≤ ρ_t ≤ C]            masked importance sampling (IcePop)
+    seq_tis    w = min(ρ_i, C) on every token of o_i   ρ_i = exp Σ_t (ℓ_old − ℓ_smp), the product of token ratios
+    seq_mis    w = ρ_i · 1[C_min ≤ ρ_i ≤ C]
+
+A masked token gets w = 0 but stays in the loss normaliser (as TRL does), so switching a correction on never
+changes which tokens count. Ratios are formed in log space, so no ratio overflows however long the sequence.
+
+Example (SPEC 13.1): ℓ_old = −2.00, ℓ_smp = −3.10 → ρ = e^1.1 = 3.004166; token TIS with C = 2 gives 2.0,
+token MIS with C = 2 gives 0.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from grpo.algo._checks import check_choice, check_same_shape, check_tensor
+
+CORRECTIONS = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis")
+
+
+def sampler_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, *,
+                    mode: str = "token_tis", cap: float = 2.0,
+                    floor: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(B, T) trainer and sampler log-probs of the sampled tokens → (B, T) detached weights w, and figures.
+
+    Args:
+        old_logp: ℓ_old, the trainer's log-probs at the weights the sampler was given.
+        sampler_logp: ℓ_smp, the log-probs the sampling engine reported.
+        mask: (B, T) 1 on loss tokens; the weight is 0 elsewhere.
+        mode: one of `CORRECTIONS`.
+        cap: C > 0, the upper bound (TIS) or the largest ratio kept (MIS).
+        floor: C_min ≥ 0, the smallest ratio kept by the masked variants (0: no lower bound).
+
+    Figures (over the loss tokens, as sums so that micro-batches and processes add up; divide by "tokens"):
+    "abs_diff" Σ|Δ|, "k3" Σ(ρ − 1 − log ρ) (KL(π_old‖π_smp) estimated on the sampled tokens), "capped" the
+    number of tokens whose weight the cap or the mask changed, "weight" Σw; and "abs_diff_max", max |Δ|.
+    """
+    check_choice("mode", mode, CORRECTIONS)
+    check_tensor("old_logp", old_logp, 2)
+    check_same_shape("sampler_logp", sampler_logp, "old_logp", old_logp)
+    check_same_shape("mask", mask, "old_logp", old_logp)
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap!r}")
+    if not 0 <= floor < cap:
+        raise ValueError(f"floor must be in [0, cap), got {floor!r} with cap {cap!r}")
+    with torch.no_grad():
+        valid = mask.bool()
+        m = valid.to(torch.float32)
+        zero = torch.zeros((), dtype=torch.float32, device=old_logp.device)
+        delta = torch.where(valid, old_logp.detach().float() - sampler_logp.detach().float(), zero)  # log ρ_t
+        log_cap = math.log(cap)
+        log_floor = math.log(floor) if floor > 0 else -math.inf
+        if mode.startswith("seq"):
+            log_ratio = (delta * m).sum(1, keepdim=True).expand_as(delta)  # log ρ_i on every token of o_i
+        else:
+            log_ratio = delta
+        if mode == "none":
+            weight, changed = m.clone(), torch.zeros_like(valid)
+        elif mode.endswith("tis"):
+            weight = torch.exp(log_ratio.clamp(max=log_cap))
+            changed = log_ratio > log_cap
+        else:
+            keep = (log_ratio <= log_cap) & (log_ratio >= log_floor)
+            weight = torch.where(keep, torch.exp(log_ratio.clamp(max=log_cap)), zero)
+            changed = ~keep
+        weight = weight * m
+        changed = changed & valid
+        k3 = torch.expm1(delta) - delta  # ρ − 1 − log ρ ≥ 0, exact near 0
+        stats = {
+            "abs_diff": (delta.abs() * m).sum(),
+            "abs_diff_max": delta.abs().max() if delta.numel() else zero.clone(),
+            "k3": (k3 * m).sum(),
+            "capped": changed.sum().to(torch.float32),
+            "weight": weight.sum(),
+            "tokens": m.sum(),
+        }
+    return weight, stats

