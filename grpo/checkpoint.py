@@ -220,9 +220,10 @@ EXACT = ("model.path", "model.dtype", "data.", "rollout.", "algo.", "optim.", "r
          "train.prompts_per_step", "train.lr", "train.seed")
 
 
-def incompatible_keys(saved: dict, current: dict) -> list[str]:
-    """Dotted keys that differ between two resolved configs in a way that breaks exactness."""
-    a, b = _flatten(saved), _flatten(current)
+def incompatible_keys(saved: dict, current: dict, defaults: dict | None = None) -> list[str]:
+    """Dotted keys that differ between two resolved configs in a way that breaks exactness. A key the saved
+    config lacks (written before the option existed) counts as its value in `defaults`."""
+    a, b = {**_flatten(defaults or {}), **_flatten(saved)}, _flatten(current)
     out = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key) and any(key == e or (e.endswith(".") and key.startswith(e)) or

@@ -84,6 +84,7 @@ def _train(cfg, args) -> int:
     dist = init_from_env()  # one process, or the group torchrun describes
     try:
         result = train(cfg, dist=dist)
+        dist.barrier()  # every process has finished (and the group is still whole after the generator closed)
     finally:
         shutdown(dist)
     if not dist.is_main:

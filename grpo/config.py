@@ -8,6 +8,7 @@ the expected type, a value out of range names the range, an enum value lists the
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 import types
 import typing
@@ -98,7 +99,7 @@ class RolloutConfig:
     backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS: 'hf' samples in-process from the "
                              "model being trained (transformers' model, grpo's lean decoding loop); 'vllm' "
                              "samples with a vLLM engine in each training process, sharing its device, its "
-                             "weights replaced after every optimiser step (pip install -e '.[vllm]'; the vllm.* "
+                             "weights replaced after every training step (pip install -e '.[vllm]'; the vllm.* "
                              "section).")
     environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS: "
                                           "'single_turn' samples one completion per episode.")
@@ -136,13 +137,14 @@ class AlgoConfig:
     sampler_correction: Literal["token_tis", "token_mis", "seq_tis", "seq_mis", "none"] = opt(
         "token_tis", "Sampler–trainer mismatch correction, applied when the rollout engine reports log-probs of "
                      "its own (rollout.backend=vllm; with hf the weight is exactly 1): the policy term of each "
-                     "token is weighted by min(ρ, cap) (token_tis), by ρ or 0 outside [floor, cap] (token_mis), "
+                     "token is weighted by ρ clamped to [floor, cap] (token_tis), by ρ or 0 outside [floor, cap] "
+                     "(token_mis), "
                      "or the same with the sequence's product ratio (seq_tis, seq_mis); ρ = π_old/π_sampler, "
                      "detached (SPEC 13.1); none switches it off.")
     sampler_correction_cap: float = opt(2.0, "C: the cap of the truncated weights, the largest ratio the masked "
                                              "ones keep.", gt=0)
-    sampler_correction_floor: float = opt(0.0, "C_min: the smallest ratio the masked variants keep; 0 keeps every "
-                                               "ratio up to the cap.", ge=0)
+    sampler_correction_floor: float = opt(0.0, "C_min: the lower clamp of the truncated weights, the smallest ratio "
+                                               "the masked ones keep; 0: no lower bound.", ge=0)
 
 
 @dataclass
@@ -335,6 +337,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.environment not in ENVIRONMENTS:
         raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
                           f"{', '.join(map(repr, ENVIRONMENTS))}")
+    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.backend=vllm needs vLLM, which is not installed; install it with "
+                          "pip install -e '.[vllm]' (or: make setup-vllm)")
     if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
         raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
                           f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")

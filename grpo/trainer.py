@@ -81,7 +81,9 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     run = _build(cfg, rewards, dist)
-    with contextlib.closing(run.generator):  # an engine of its own (vLLM) is shut down however the run ends
+    with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
+        if hasattr(run.generator, "close"):
+            stack.callback(run.generator.close)
         return _train(cfg, run, dist, out)
 
 
@@ -174,8 +176,6 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
         reference = LogprobModule(policy if is_lora(policy) else frozen_copy(policy), path,
                                   adapter_off=is_lora(policy))
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
-    generator = build_generator(policy, tokenizer, cfg, all_finished=lambda done: not dist.any(not done),
-                                world_size=dist.world_size)
     environment = build_environment(tokenizer, m, cfg.rollout)
     if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
@@ -184,6 +184,9 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                                    overlong_buffer=cfg.overlong_buffer)
     optimizer, scheduler = build_optimizer((p for p in trainable.parameters() if p.requires_grad), cfg.optim,
                                            cfg.train.lr, cfg.train.steps)
+    # the generator last: an engine of its own (vLLM) starts only once everything else has been built
+    generator = build_generator(policy, tokenizer, cfg, all_finished=lambda done: not dist.any(not done),
+                                world_size=dist.world_size)
     collector = Collector(environment, generator, reward_fns, cfg.reward_weights,
                           rollout_sampling(cfg.rollout, cfg.rollout.group_size), tokenizer, cfg.train.prompts_per_step,
                           cfg.train.seed, scale=a.scale, std=a.std, eps=a.eps, mask_truncated=a.mask_truncated,
@@ -206,7 +209,7 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
     if "optim" not in saved:
         raise ConfigError(f"cannot resume from {ckpt}: it was written by an earlier grpo, before train.* was split "
                           "into train.*, optim.* and compute.*; resume it with the grpo version that wrote it")
-    bad = incompatible_keys(saved, cfg.to_dict())
+    bad = incompatible_keys(saved, cfg.to_dict(), defaults=Config().to_dict())
     if bad:
         raise ConfigError(f"cannot resume from {ckpt}: the config differs in keys that change the results: "
                           + "; ".join(bad))

@@ -10,9 +10,10 @@ kernels, other precision. The completions come from the engine's distribution π
 `sampler_weights` turns the two log-prob tensors into the weights w:
 
     none       w = 1
-    token_tis  w = min(ρ_t, C)                         truncated importance sampling (Yao et al. 2025; verl)
+    token_tis  w = clamp(ρ_t, C_min, C)                truncated importance sampling (Yao et al. 2025; verl,
+                                                       TRL's lower bound; C_min = 0 is verl's min(ρ_t, C))
     token_mis  w = ρ_t · 1[C_min ≤ ρ_t ≤ C]            masked importance sampling (IcePop)
-    seq_tis    w = min(ρ_i, C) on every token of o_i   ρ_i = exp Σ_t (ℓ_old − ℓ_smp), the product of token ratios
+    seq_tis    w = clamp(ρ_i, C_min, C) on o_i's tokens ρ_i = exp Σ_t (ℓ_old − ℓ_smp), the product of token ratios
     seq_mis    w = ρ_i · 1[C_min ≤ ρ_i ≤ C]
 
 A masked token gets w = 0 but stays in the loss normaliser (as TRL does), so switching a correction on never
@@ -43,10 +44,10 @@ def sampler_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: to
         mask: (B, T) 1 on loss tokens; the weight is 0 elsewhere.
         mode: one of `CORRECTIONS`.
         cap: C > 0, the upper bound (TIS) or the largest ratio kept (MIS).
-        floor: C_min ≥ 0, the smallest ratio kept by the masked variants (0: no lower bound).
+        floor: C_min ≥ 0, the lower bound (TIS) or the smallest ratio kept (MIS); 0: none.
 
     Figures (over the loss tokens, as sums so that micro-batches and processes add up; divide by "tokens"):
-    "abs_diff" Σ|Δ|, "k3" Σ(ρ − 1 − log ρ) (KL(π_old‖π_smp) estimated on the sampled tokens), "capped" the
+    "abs_diff" Σ|Δ|, "k3" Σ(ρ − 1 − log ρ) (KL(π_smp‖π_old) estimated on the tokens π_smp sampled), "capped" the
     number of tokens whose weight the cap or the mask changed, "weight" Σw; and "abs_diff_max", max |Δ|.
     """
     check_choice("mode", mode, CORRECTIONS)
@@ -71,8 +72,8 @@ def sampler_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: to
         if mode == "none":
             weight, changed = m.clone(), torch.zeros_like(valid)
         elif mode.endswith("tis"):
-            weight = torch.exp(log_ratio.clamp(max=log_cap))
-            changed = log_ratio > log_cap
+            weight = torch.exp(log_ratio.clamp(min=log_floor, max=log_cap))
+            changed = (log_ratio > log_cap) | (log_ratio < log_floor)
         else:
             keep = (log_ratio <= log_cap) & (log_ratio >= log_floor)
             weight = torch.where(keep, torch.exp(log_ratio.clamp(max=log_cap)), zero)

@@ -9,7 +9,7 @@ policy's tensors directly, with no copy through another process. Under torchrun 
 - **sampling**: each prompt's n completions are seeded with that prompt's `sampling_seed`, and the engine's
   log-probs of the sampled tokens (after temperature, `processed_logprobs`) come back as `Rollout.sampler_logp`
   for the mismatch correction (SPEC 13.1);
-- **sync**: after every optimiser step the policy's weights replace the engine's in place (vLLM's
+- **sync**: after every training step (its μ optimiser updates) the policy's weights replace the engine's in place (vLLM's
   `reload_weights`): full weights as they are, LoRA merged (W + ΔW, computed without touching the policy),
   FSDP2 shards gathered (a collective: every rank calls it). The prefix cache is then dropped.
 
@@ -22,6 +22,7 @@ import os
 import queue
 import tempfile
 import threading
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -39,15 +40,18 @@ class EngineError(GRPOError):
 
 def import_vllm():
     """The vllm module, or a ConfigError that names the install command."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives in this process (weights are handed over)
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")   # leave the trainer's threads alone
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from grpo.errors import ConfigError
     try:
         import vllm
     except ImportError as e:
-        from grpo.errors import ConfigError
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed ({e}); install it with "
                           f"{INSTALL}") from None
+    except Exception as e:  # noqa: BLE001 - e.g. a torchvision built for another torch
+        raise ConfigError(f"vLLM is installed but cannot be imported: {_first_line(e)}; reinstall it with "
+                          f"{INSTALL}, which also removes the torchvision/torchaudio builds that break it") from None
     return vllm
 
 
@@ -57,8 +61,12 @@ def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     lora = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
     layers = {}
     if lora:
-        from peft.tuners.lora import LoraLayer
+        from peft.tuners.lora import Embedding, Linear, LoraLayer
         layers = {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
+        other = sorted({type(m).__name__ for m in layers.values() if not isinstance(m, (Linear, Embedding))})
+        if other:
+            raise DataError(f"cannot merge LoRA layers of type {', '.join(other)} for the vLLM engine; adapt "
+                            "linear and embedding layers only (lora.target_modules)")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if lora:
@@ -68,8 +76,9 @@ def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
                 if owner in layers and name.endswith(".base_layer.weight"):
                     layer = layers[owner]
                     w = p.detach().clone()
+                    adapters = set(layer.lora_A) | set(getattr(layer, "lora_embedding_A", {}))
                     for adapter in layer.active_adapters:
-                        if adapter in layer.lora_A:
+                        if adapter in adapters:  # W + ΔW, as the adapted layer computes it
                             w += layer.get_delta_weight(adapter).to(w.dtype)
                     p = w
                 name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
@@ -142,6 +151,7 @@ class VLLMGenerator:
         self.eos_ids = sorted(set(eos))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.device = next(model.parameters()).device
+        self._broken = ""
         self._worker = _Worker(vllm_cfg.timeout_s, torch.get_num_threads())
         self._own_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._dir = tempfile.TemporaryDirectory(prefix="grpo-vllm-")
@@ -166,7 +176,11 @@ class VLLMGenerator:
         except EngineError:
             raise
         except Exception as e:  # noqa: BLE001 - an unsupported architecture, too little memory, ...
-            raise EngineError(f"the vLLM engine did not start for this model: {_first_line(e)}") from None
+            why = _first_line(e).replace("1 validation error for ModelConfig Value error, ", "")
+            if " Supported architectures:" in why:  # not the whole list of vLLM's models on one line
+                why = why.split(" Supported architectures:")[0] + " (vLLM's list: docs.vllm.ai, Supported Models)"
+            self._dir.cleanup()
+            raise EngineError(f"the vLLM engine did not start for this model: {why}") from None
         finally:
             torch.set_num_threads = set_threads
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
@@ -188,6 +202,8 @@ class VLLMGenerator:
     def sync_weights(self, model) -> None:
         """Replace the engine's weights with the policy's (every rank calls it under FSDP)."""
         weights = list(engine_weights(model))
+        if self.device.type == "cuda":  # the engine's thread reads tensors this stream may still be writing
+            torch.cuda.current_stream().synchronize()
 
         def load():
             self.llm.collective_rpc("reload_weights",
@@ -195,12 +211,19 @@ class VLLMGenerator:
             _refresh_cpu_heads(self.llm)
             self.llm.reset_prefix_cache()
 
+        self._check_usable()
         try:
             self._worker.call(load, "take the new weights")
         except EngineError:
             raise
         except Exception as e:  # noqa: BLE001
+            # a reload that failed half-way leaves some layers new and some old: the engine is not used again
+            self._broken = f"its weights are in an unknown state after a failed sync ({_first_line(e)})"
             raise EngineError(f"the vLLM engine could not take the new weights: {_first_line(e)}") from None
+
+    def _check_usable(self) -> None:
+        if self._broken:
+            raise EngineError(f"the vLLM engine cannot be used: {self._broken}")
 
     def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
         """n completions per prompt, prompt i's seeded by seeds[i]; with temperature > 0 the engine's log-probs
@@ -208,6 +231,7 @@ class VLLMGenerator:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        self._check_usable()
         if seeds is None:
             seeds = torch.randint(0, 2**62, (len(prompts),)).tolist()
         if len(seeds) != len(prompts):
@@ -229,8 +253,16 @@ class VLLMGenerator:
                                  stop_token_ids=self.eos_ids, detokenize=False)
                   for s in seeds]
         requests = [TokensPrompt(prompt_token_ids=x) for x in ids]
+
+        def run():
+            # a batch never reuses blocks an earlier batch cached (a group still shares its prompt's): what a
+            # call samples depends on its prompts and seeds, not on the calls before it, so a resumed run
+            # samples as the uninterrupted one did
+            self.llm.reset_prefix_cache()
+            return self.llm.generate(requests, params, use_tqdm=False)
+
         try:
-            outs = self._worker.call(lambda: self.llm.generate(requests, params, use_tqdm=False), "sample")
+            outs = self._worker.call(run, "sample")
         except EngineError:
             raise
         except Exception as e:  # noqa: BLE001
@@ -277,12 +309,15 @@ class VLLMGenerator:
                        trunc.to(dev), texts, sampler_logp=None if sampler_logp is None else sampler_logp.to(dev))
 
     def close(self) -> None:
-        """Shut the engine down. A process group the trainer made is left alone (vLLM's shutdown would
-        destroy it)."""
+        """Shut the engine down (idempotent; errors are warnings). A process group the trainer made is left
+        alone: vLLM's own shutdown would destroy it."""
         llm = getattr(self, "llm", None)
-        if llm is None or self._worker.stuck:
+        if llm is None:
             return
         self.llm = None
+        if self._worker.stuck:  # its thread is still inside the engine: leave it, and disarm vLLM's exit hook
+            _disarm(llm)
+            return
         from vllm.distributed import parallel_state
 
         def shutdown():
@@ -300,8 +335,18 @@ class VLLMGenerator:
 
         try:
             self._worker.call(shutdown, "shut down")
+        except Exception as e:  # noqa: BLE001 - never hides the error that ended the run
+            warnings.warn(f"the vLLM engine did not shut down cleanly: {_first_line(e)}", stacklevel=2)
+            _disarm(llm)
         finally:
             self._dir.cleanup()
+
+
+def _disarm(llm) -> None:
+    """Detach vLLM's at-exit shutdown, which would destroy process groups after torchrun's are gone."""
+    finalizer = getattr(getattr(llm.llm_engine, "engine_core", None), "_finalizer", None)
+    if finalizer is not None:
+        finalizer.detach()
 
 
 def _refresh_cpu_heads(llm) -> None:

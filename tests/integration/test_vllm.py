@@ -169,9 +169,19 @@ def test_an_engine_call_that_does_not_answer_times_out():
 
 
 def test_without_vllm_the_error_names_the_install_command(monkeypatch):
+    import importlib.util
+
+    from grpo.config import validate
+
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[vllm\]'"):
         import_vllm()
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    cfg = Config()
+    cfg.rollout.backend = "vllm"
+    with pytest.raises(ConfigError, match=r"rollout.backend=vllm needs vLLM.*pip install -e '\.\[vllm\]'"):
+        validate(cfg)
 
 
 def test_config_names_the_backend():
@@ -183,3 +193,46 @@ def test_config_names_the_backend():
     cfg.vllm.max_model_len = cfg.rollout.max_new_tokens
     with pytest.raises(ConfigError, match="vllm.max_model_len"):
         validate(cfg)
+
+
+def test_weights_the_engine_cannot_take_are_an_engine_error_and_it_is_not_used_again(engine, random_model_dir):
+    # (the last test of the module's engine: a reload that fails half-way leaves it unusable, on purpose)
+    other, _ = load_model(ModelConfig(path=str(random_model_dir)))  # another shape than the engine's model
+    with pytest.raises(EngineError, match="could not take the new weights"):
+        engine.sync_weights(other)
+    with pytest.raises(EngineError, match="cannot be used: its weights are in an unknown state"):
+        engine.generate(PROMPTS, Sampling(n=2, max_new_tokens=16), seeds=[1, 2, 3])
+
+
+@pytest.mark.parametrize("arch,expected", [
+    ("xlnet", "the vLLM engine did not start for this model: Model architectures ['XLNetLMHeadModel'] are not "
+              "supported"),
+    # vLLM has no CTRL of its own: its transformers fallback takes it, then its CPU attention refuses head size 16
+    ("ctrl", "the vLLM engine failed while sampling: Unsupported CPU attention configuration"),
+])
+def test_a_model_vllm_cannot_run_is_one_line_and_exit_2(tmp_path, arch, expected):
+    import subprocess
+
+    import transformers
+
+    from grpo.tiny import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    ids = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, vocab_size=len(tok))
+    if arch == "xlnet":
+        model = transformers.XLNetLMHeadModel(transformers.XLNetConfig(d_model=64, n_layer=1, n_head=1,
+                                                                       d_inner=64, **ids))
+    else:
+        model = transformers.CTRLLMHeadModel(transformers.CTRLConfig(n_positions=64, n_embd=32, dff=64, n_layer=1,
+                                                                     n_head=2, **ids))
+    model_dir = tmp_path / arch
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "grpo", "train", f"model.path={model_dir}", "rollout.backend=vllm",
+                        "vllm.kv_cache_gib=0.1", "train.steps=1", "eval.size=4", f"train.output_dir={run_dir}",
+                        "log.progress=false"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"grpo: error: {expected}"), last
+    assert len(last) < 400 and "Traceback" not in r.stderr

@@ -60,6 +60,12 @@ def test_sequence_ratio_is_the_product_and_never_overflows():
     assert (w == 0).all()
 
 
+def test_floor_raises_small_truncated_weights():
+    w, s = sampler_weights(OLD, SMP, MASK, mode="token_tis", cap=2.0, floor=0.95)
+    assert w[1, 0].item() == pytest.approx(0.95) and w[1, 1].item() == pytest.approx(0.951229, abs=1e-6)
+    assert w[0, 2].item() == pytest.approx(2.0) and s["capped"].item() == 2
+
+
 def test_floor_masks_small_ratios():
     w, s = sampler_weights(OLD, SMP, MASK, mode="token_mis", cap=2.0, floor=0.95)
     # ρ(2,1) = 0.904837 < 0.95 is masked, ρ(2,2) = 0.951229 is kept, ρ(1,3) > 2 is masked
