@@ -32,9 +32,10 @@ test: setup-vllm
 bench: setup
 	$(BIN)/python benchmarks/logprobs_memory.py
 
-# rollout tokens/s of hf (with and without lean decoding) against vllm, then one whole step where vLLM wins
+# rollout tokens/s of hf (with and without lean decoding) against vllm, then one whole training step per engine
 bench-vllm: setup-vllm
 	$(BIN)/python benchmarks/rollout_engines.py
+	$(BIN)/python benchmarks/vllm_step.py
 
 # ours against TRL's GRPOTrainer on identical work (installs the `bench` extra: TRL and accelerate), then what
 # each of our choices is worth, then the accuracy cost of bf16 autocast

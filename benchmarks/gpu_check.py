@@ -59,7 +59,9 @@ def train_check(path: Path, params: int, out: Path) -> dict:
     step = statistics.median(r["perf/step_seconds"] for r in rows)
     rollout = statistics.median(r["perf/rollout_seconds"] for r in rows)
     tokens = statistics.median(r["perf/completion_tokens"] for r in rows)
-    prompt_tokens = prompts * group * 12  # "Calculate a + b * c =" is about 20 characters; counted low
+    # compute.share_prompt (the default) runs each group's prompt once, in the reference and training passes;
+    # "Calculate a + b * c =" is about 21 characters, one token each
+    prompt_tokens = prompts * 21
     learn_flops = 8 * params * (tokens + prompt_tokens)  # reference 2N, policy forward 2N + backward 4N
     name = torch.cuda.get_device_name(0)
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)

@@ -203,8 +203,9 @@ class ComputeConfig:
 class VLLMConfig:
     gpu_memory_utilization: float = opt(0.3, "On a GPU: the fraction of its memory the engine may take (weights, "
                                              "activations and KV cache); the trainer shares the rest.", gt=0, le=1)
-    kv_cache_gib: float = opt(1.0, "On the CPU: GiB of memory for the engine's KV cache (vLLM's "
-                                   "VLLM_CPU_KVCACHE_SPACE); 0 lets vLLM take most of the free memory.", ge=0)
+    kv_cache_gib: float = opt(1.0, "On the CPU: GiB of memory for the engine's KV cache; 0 leaves vLLM's default "
+                                   "(a share of the machine's total memory, which fails where that much is not "
+                                   "free). VLLM_CPU_KVCACHE_SPACE in the environment overrides it.", ge=0)
     max_model_len: int = opt(0, "Longest prompt plus completion the engine accepts, in tokens; 0 takes the "
                                 "model's max_position_embeddings.", ge=0)
     enforce_eager: bool = opt(True, "Run the engine's model eagerly: no torch.compile and no CUDA graphs, so it "
