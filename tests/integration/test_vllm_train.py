@@ -60,19 +60,22 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_with_an_engine_each_learn_and_rerun_identically(tmp_path):
+def test_two_processes_with_an_engine_each_learn_rerun_identically_and_equal_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = ["grpo/configs/tiny.yaml", "train.steps=20", "eval.size=200", "eval.every=0", "eval.pass_k=0",
             "compute.threads=1", *QUIET]
     rows = []
-    for run in ("a", "b"):
+    for run, n in (("a", 2), ("b", 2), ("one", 1)):
         out = tmp_path / run
-        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                            "-m", "grpo", "train", *args, f"train.output_dir={out}"], capture_output=True, text=True,
-                           env=env, timeout=900, cwd=ROOT)
+        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
+        r = subprocess.run([sys.executable, *launcher, "-m", "grpo", "train", *args, f"train.output_dir={out}"],
+                           capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
         assert r.returncode == 0, r.stderr[-3000:]
         rows.append(_rows(out))
     _same(rows[0], rows[1])
+    # every prompt keeps its seed whichever engine samples it, and on this CPU the engine's rows do not depend
+    # on the rest of their batch: one process gives the same run (not promised on every machine, docs/vllm.md)
+    _same(rows[0], rows[2])
     assert rows[0][-1]["eval/accuracy"] >= rows[0][0]["eval/accuracy"] + 0.10
     assert all("mismatch/abs_diff_max" in r for r in rows[0][1:])
 
