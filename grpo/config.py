@@ -339,8 +339,8 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
                           f"{', '.join(map(repr, ENVIRONMENTS))}")
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ConfigError("rollout.backend=vllm needs vLLM, which is not installed; install it with "
-                          "pip install -e '.[vllm]' (or: make setup-vllm)")
+        from grpo.rollout.vllm_engine import INSTALL
+        raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")
     if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
         raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
                           f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")

@@ -98,6 +98,31 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
                    [t for p in parts for t in p.texts], cat([p.loss_mask for p in parts], 0, False), logp)
 
 
+def stop_tokens(model, tokenizer) -> tuple[list[int], int]:
+    """(EOS ids, pad id) of a model: its generation config's EOS ids and its tokenizer's, sorted; the pad id is
+    the tokenizer's, or the first EOS id."""
+    from grpo.errors import DataError
+
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if tokenizer.eos_token_id is not None:
+        eos.append(tokenizer.eos_token_id)
+    if not eos:
+        raise DataError("the model has no EOS token: set eos_token_id in its tokenizer or generation config")
+    eos = sorted(set(eos))
+    return eos, tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+
+
+def prompt_seeds(seeds: Sequence[int] | None, prompts: int) -> list[int]:
+    """One sampling seed per prompt: `seeds` checked against the number of prompts, or (None) drawn from torch's
+    global generator."""
+    if seeds is None:
+        return torch.randint(0, 2**62, (prompts,)).tolist()
+    if len(seeds) != prompts:
+        raise ValueError(f"seeds has {len(seeds)} entries for {prompts} prompts")
+    return list(seeds)
+
+
 TRAIN, EVAL, SAMPLE = 0, 1, 2  # seed streams, so training, evaluation and `grpo sample` never share draws
 
 
@@ -116,7 +141,7 @@ class Generator(Protocol):
         A backend whose engine reports log-probs of the sampled tokens returns them as `Rollout.sampler_logp`."""
 
     def sync_weights(self, model) -> None:
-        """Make the engine sample from `model`'s current weights. Called after every optimiser step (and after
+        """Make the engine sample from `model`'s current weights. Called after every training step (and after
         a resume); a no-op for a generator that samples from the training model itself."""
 
     def close(self) -> None:

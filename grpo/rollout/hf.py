@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from grpo.policy.context import inference
-from grpo.rollout.base import Rollout, Sampling, concat_rollouts
+from grpo.rollout.base import Rollout, Sampling, concat_rollouts, prompt_seeds, stop_tokens
 from grpo.rollout.lean import LeanDecoding
 
 
@@ -61,14 +61,8 @@ class HFGenerator:
         self.lean = lean
         self.max_batch_prompts = max_batch_prompts
         self.all_finished = all_finished or (lambda done: done)
-        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        if tokenizer.eos_token_id is not None:
-            eos.append(tokenizer.eos_token_id)
-        if not eos:
-            raise ValueError("the model has no EOS token: set eos_token_id in its tokenizer or generation config")
-        self.eos_ids = torch.tensor(sorted(set(eos)))
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0].item()
+        eos, self.pad_id = stop_tokens(model, tokenizer)
+        self.eos_ids = torch.tensor(eos)
 
     def sync_weights(self, model) -> None:
         """Nothing to do: this generator samples from the model being trained."""
@@ -79,10 +73,7 @@ class HFGenerator:
     def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
         """n completions per prompt; `seeds` gives each prompt's sampling seed (None: drawn from torch's
         global generator)."""
-        if seeds is None:
-            seeds = torch.randint(0, 2**62, (len(prompts),)).tolist()
-        if len(seeds) != len(prompts):
-            raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
+        seeds = prompt_seeds(seeds, len(prompts))
         b = self.max_batch_prompts
         parts = [self._generate(prompts[i:i + b], sampling, seeds[i:i + b]) for i in range(0, len(prompts), b)]
         return parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import DataError, GRPOError
-from grpo.rollout.base import Rollout, Sampling
+from grpo.rollout.base import Rollout, Sampling, prompt_seeds, stop_tokens
 
 INSTALL = "pip install -e '.[vllm]' (or: make setup-vllm)"
 
@@ -142,14 +142,7 @@ class VLLMGenerator:
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
         self.cfg = vllm_cfg
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-        eos = [eos] if isinstance(eos, int) else list(eos or [])
-        if tokenizer.eos_token_id is not None:
-            eos.append(tokenizer.eos_token_id)
-        if not eos:
-            raise DataError("the model has no EOS token: set eos_token_id in its tokenizer or generation config")
-        self.eos_ids = sorted(set(eos))
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.eos_ids, self.pad_id = stop_tokens(model, tokenizer)
         self.device = next(model.parameters()).device
         self._broken = ""
         self._worker = _Worker(vllm_cfg.timeout_s, torch.get_num_threads())
@@ -232,10 +225,7 @@ class VLLMGenerator:
         from vllm.inputs import TokensPrompt
 
         self._check_usable()
-        if seeds is None:
-            seeds = torch.randint(0, 2**62, (len(prompts),)).tolist()
-        if len(seeds) != len(prompts):
-            raise ValueError(f"seeds has {len(seeds)} entries for {len(prompts)} prompts")
+        seeds = prompt_seeds(seeds, len(prompts))
         ids = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
         if any(len(x) == 0 for x in ids):
             raise ValueError("a prompt tokenizes to no tokens; a causal LM needs at least one (a non-empty "
