@@ -114,7 +114,7 @@ def _load(cfg):
 
     model, tokenizer = load_model(cfg.model)
     generator = build_generator(model, tokenizer, cfg)
-    environment = build_environment(tokenizer, cfg.model, cfg.rollout)
+    environment = build_environment(tokenizer, cfg, model)
     return generator, environment, load_task(cfg.data, cfg.train.seed)
 
 
@@ -149,8 +149,13 @@ def _sample(cfg, args) -> int:
         rollout = environment.rollout(generator, examples, rollout_sampling(cfg.rollout, args.n), seeds)
     for i, e in enumerate(examples):
         print(e.prompt)
-        for text in rollout.texts[i * args.n:(i + 1) * args.n]:
-            print(f"    -> {text!r}")
+        for j in range(i * args.n, (i + 1) * args.n):
+            if rollout.episodes is None:
+                print(f"    -> {rollout.texts[j]!r}")
+                continue
+            ep = rollout.episodes[j]  # a multi-turn episode: its turns after the prompt, and why it ended
+            turns = [(m["role"], m["content"]) for m in ep.messages[1:]]
+            print(f"    -> ({ep.stop}) " + " | ".join(f"{role}: {text!r}" for role, text in turns))
     return 0
 
 

@@ -30,7 +30,7 @@ from grpo.algo import compute_advantages, informative_groups, process_advantages
 from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.envs import Environment
-from grpo.evaluation import example_fields
+from grpo.evaluation import episode_fields, example_fields
 from grpo.experience import Experience, trained_tokens
 from grpo.rewards import Scores, score
 from grpo.rollout import TRAIN, Generator, Rollout, Sampling, sampling_seed
@@ -106,7 +106,8 @@ def _sample_round(c: Collector, stream: PromptStream, dist: Dist) -> _Scored:
     rollout = c.environment.rollout(c.generator, examples, c.sampling, seeds)
     g = c.sampling.n
     prompts = [e.prompt for e in examples for _ in range(g)]
-    scores = score(c.rewards, c.weights, prompts, rollout.texts, example_fields(examples, g))
+    scores = score(c.rewards, c.weights, prompts, rollout.texts,
+                   {**example_fields(examples, g), **episode_fields(rollout)})
     return _Scored(rollout, list(examples), scores, *_step_tensors(c.tokenizer, rollout, scores.steps))
 
 
@@ -165,7 +166,7 @@ def _map(s: _Scored, fn) -> _Scored:
     f = lambda x: None if x is None else fn(x)  # noqa: E731
     r, sc = s.rollout, s.scores
     rollout = Rollout(f(r.prompt_ids), f(r.prompt_mask), f(r.completion_ids), f(r.completion_mask), f(r.truncated),
-                      r.texts, f(r.loss_mask), f(r.sampler_logp))
+                      r.texts, f(r.loss_mask), f(r.sampler_logp), r.episodes)
     scores = Scores(f(sc.total), {k: f(v) for k, v in sc.per_fn.items()}, f(sc.outcome), sc.steps)
     return _Scored(rollout, s.examples, scores, f(s.step_ends), f(s.step_rewards))
 

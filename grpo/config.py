@@ -35,7 +35,8 @@ def opt(default: Any, help: str, **checks: Any) -> Any:
 @dataclass
 class ModelConfig:
     path: str = opt("tiny", "The model to train: 'tiny' (the bundled Qwen2-architecture model for the built-in "
-                            "tasks), a directory written by save_pretrained, or a Hugging Face Hub id.")
+                            "tasks), 'tiny-tools' (the bundled model that calls a calculator, docs/tools.md), a "
+                            "directory written by save_pretrained, or a Hugging Face Hub id.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the weights and of the forward passes.")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "Where the model runs; auto picks cuda when available.")
     autocast_bf16: bool = opt(False, "Run forward passes under bfloat16 autocast (weights stay in model.dtype); "
@@ -68,9 +69,10 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["arithmetic", "linear", "mixed"] = opt(
-        "mixed", "Built-in task: 'arithmetic' (Calculate 2 + 2 * 6 =), 'linear' (Solve y = 2x + 1 for x = 2, y =) "
-                 "or 'mixed' (both). Ignored when data.path is set.")
+    task: Literal["arithmetic", "linear", "mixed", "products"] = opt(
+        "mixed", "Built-in task: 'arithmetic' (Calculate 2 + 2 * 6 =), 'linear' (Solve y = 2x + 1 for x = 2, y =), "
+                 "'mixed' (both) or 'products' (Calculate 347 * 2918, the tool task of docs/tools.md). Ignored when "
+                 "data.path is set.")
     path: str = opt("", "A data set instead of a built-in task: a local .jsonl/.json/.parquet/.csv file or a "
                         "directory of them, or a Hugging Face Hub dataset name.")
     prompt_column: str = opt("question", "Column holding the prompt text.")
@@ -102,7 +104,10 @@ class RolloutConfig:
                              "weights replaced after every training step (pip install -e '.[vllm]'; the vllm.* "
                              "section).")
     environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS: "
-                                          "'single_turn' samples one completion per episode.")
+                                          "'single_turn' samples one completion per episode; 'tools' runs "
+                                          "multi-turn episodes in which the model calls tools (the tools.* "
+                                          "section; needs model.chat_template). max_new_tokens then limits each "
+                                          "model turn.")
     lean_decoding: bool = opt(True, "Run the prefill and decoding steps of Llama, Qwen2 and Mistral models (full "
                                     "attention, no LoRA or FSDP) with grpo's own loop over the model's weights: "
                                     "the same logits as transformers' forward with less overhead per token. "
@@ -215,6 +220,36 @@ class VLLMConfig:
 
 
 @dataclass
+class ToolsConfig:
+    names: list[str] = opt(["calculator"], "With rollout.environment=tools: the tools the model may call, built-in "
+                                           "(calculator, python) or 'module:function' (a typed function with a "
+                                           "docstring that returns a string).")
+    parser: str = opt("qwen", "How calls are read from a model turn, a name in grpo.tools.TOOL_PARSERS: 'qwen' "
+                              "(<tool_call>{json}</tool_call>, Qwen2.5/Qwen3) or 'pythonic' ([name(arg=value)], "
+                              "Llama 3.2 and the bundled tiny-tools model).")
+    max_turns: int = opt(4, "Most model turns in an episode; a last turn that still calls a tool ends it "
+                            "(recorded as max_turns).", ge=1)
+    max_tokens: int = opt(0, "Most tokens in an episode after the prompt (the model's turns and the tool results); "
+                             "0: only the model's context limits it. Also L_max of the Dr. GRPO constant "
+                             "normaliser for multi-turn episodes.", ge=0)
+    timeout_s: float = opt(10.0, "Longest one tool call may take; past it the model reads an error instead.", gt=0)
+    result_chars: int = opt(2000, "A tool result is cut to this many characters before the model reads it.",
+                            ge=1)
+
+
+@dataclass
+class SandboxConfig:
+    timeout_s: float = opt(5.0, "Wall-clock limit of one execution of model-written code (the python tool, the "
+                                "code reward); docs/sandbox.md.", gt=0)
+    cpu_s: int = opt(5, "CPU-time limit of one execution, in seconds.", ge=1)
+    memory_mb: int = opt(512, "Address-space limit of one execution, in MiB.", ge=16)
+    output_chars: int = opt(2000, "Standard output and error of an execution are each cut to this many "
+                                  "characters.", ge=1)
+    file_mb: int = opt(16, "Largest file an execution may write, in MiB (and the size of its working directory "
+                           "where the sandbox mounts one).", ge=1)
+
+
+@dataclass
 class EvalConfig:
     every: int = opt(25, "Evaluate on the held-out split every this many steps, plus once before the first "
                          "update and once after the last; 0 evaluates only before and after.", ge=0)
@@ -244,6 +279,8 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     rewards: list[str] = opt(["last_number"], "Reward functions: built-in names (exact_match, last_number, math, "
@@ -338,6 +375,17 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.environment not in ENVIRONMENTS:
         raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
                           f"{', '.join(map(repr, ENVIRONMENTS))}")
+    if cfg.rollout.environment == "tools":
+        from grpo.tools import TOOL_PARSERS, load_tools
+        if not cfg.model.chat_template:
+            raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
+                              "model.chat_template=true")
+        if not cfg.tools.names:
+            raise ConfigError("tools.names is empty; name at least one tool for rollout.environment=tools")
+        if cfg.tools.parser not in TOOL_PARSERS:
+            raise ConfigError(f"tools.parser={cfg.tools.parser!r} is not a tool-call parser; choose one of "
+                              f"{', '.join(map(repr, TOOL_PARSERS))}")
+        load_tools(cfg.tools.names)  # each name imports and has a schema
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_engine import INSTALL
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")

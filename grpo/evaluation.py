@@ -29,9 +29,18 @@ def example_fields(examples: Sequence[Example], repeat: int = 1) -> dict[str, li
     return out
 
 
-def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int) -> torch.Tensor:
+def episode_fields(rollout) -> dict[str, list]:
+    """Reward keyword arguments of a multi-turn rollout: each episode's `messages` and `turn_ends` (the
+    character offsets in its text just after each model turn); none for single completions."""
+    if rollout.episodes is None:
+        return {}
+    return {"messages": [e.messages for e in rollout.episodes], "turn_ends": [e.turn_ends for e in rollout.episodes]}
+
+
+def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int,
+             episodes: dict[str, list] | None = None) -> torch.Tensor:
     prompts = [e.prompt for e in examples for _ in range(repeat)]
-    values = fn(prompts=prompts, completions=texts, **example_fields(examples, repeat))
+    values = fn(prompts=prompts, completions=texts, **example_fields(examples, repeat), **(episodes or {}))
     if any(isinstance(v, (list, tuple)) for v in values):
         raise DataError(f"eval.reward {reward_name(fn)!r} returned lists of steps; evaluation needs a reward that "
                         "says 1.0 for a correct completion (an outcome reward such as last_number or math)")
@@ -53,7 +62,7 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     index = [min(i, n - 1) for i in range(dist.rank * per, (dist.rank + 1) * per)]  # padded to equal shares
     mine = [examples[i] for i in index]
     greedy = environment.rollout(generator, mine, Sampling(1, max_new_tokens, temperature=0.0))
-    ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1)[:, 0].float())[:n].bool()
+    ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1, episode_fields(greedy))[:, 0].float())[:n].bool()
     lengths = dist.gather(greedy.lengths.float().cpu())[:n]
     metrics = {"eval/accuracy": ok.float().mean().item(), "eval/mean_length": lengths.mean().item()}
     families = defaultdict(list)
@@ -65,7 +74,7 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     if pass_k > 0:
         seeds = [sampling_seed(seed, EVAL, i) for i in index]
         sampled = environment.rollout(generator, mine, Sampling(pass_k, max_new_tokens, temperature, top_p), seeds)
-        hits = _correct(correct_fn, mine, sampled.texts, pass_k).float()
+        hits = _correct(correct_fn, mine, sampled.texts, pass_k, episode_fields(sampled)).float()
         hits = dist.gather(hits.reshape(-1)).view(-1, pass_k)[:n].bool()
         metrics[f"eval/pass@{pass_k}"] = hits.any(dim=1).float().mean().item()
         metrics["eval/sample_accuracy"] = hits.float().mean().item()

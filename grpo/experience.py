@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.rollout import Rollout
-from grpo.rollout.base import check_shapes
+from grpo.rollout.base import Episode, check_shapes
 from grpo.tasks.base import Example
 
 
@@ -32,6 +32,7 @@ class Experience:
     truncated: torch.Tensor            # (N,) bool: cut off by the length limit
     all_rewards: torch.Tensor          # (N · processes,) every process's `rewards`, in rank order (for logging)
     stats: dict[str, float] = field(default_factory=dict)  # figures of the sampling itself (rounds, drops)
+    episodes: list[Episode] | None = None  # one per row from a multi-turn environment (turns, calls, stop reason)
 
     def __post_init__(self):
         n, t = self.completion_ids.shape
@@ -72,7 +73,8 @@ class Experience:
         group = torch.arange(len(examples), device=device).repeat_interleave(g)
         return cls(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
                    loss_mask, advantages.to(device=device, dtype=torch.float32), rollout.sampler_logp, rewards,
-                   per_fn, group, list(examples), rollout.texts, rollout.truncated, all_rewards, dict(stats or {}))
+                   per_fn, group, list(examples), rollout.texts, rollout.truncated, all_rewards, dict(stats or {}),
+                   rollout.episodes)
 
 
 def trained_tokens(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:

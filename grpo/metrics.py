@@ -78,7 +78,7 @@ class RunLogger:
         if not self.enabled:
             return
         for r in rows:
-            self._samples.write(json.dumps({"step": step, **r}) + "\n")
+            self._samples.write(json.dumps({"step": step, **r}, default=repr) + "\n")  # tool arguments may be any literal
         self._samples.flush()
 
     def close(self) -> None:
@@ -169,11 +169,25 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     m["completion/truncated_frac"] = dist.gather(exp.truncated.float().cpu()).mean().item()
     m["lr"] = lr
     m.update(exp.stats)
+    if exp.episodes is not None:
+        m.update(episode_metrics(exp.episodes, dist))
     m["perf/step_seconds"] = seconds
     m["perf/rollout_seconds"] = rollout_seconds
     m["perf/completion_tokens"] = lengths.sum().item()
     m["perf/tokens_per_s"] = lengths.sum().item() / max(seconds, 1e-9)
     return m
+
+
+def episode_metrics(episodes: list, dist: Dist) -> dict[str, float]:
+    """Means over the step's multi-turn episodes (every process's): model turns, tool calls, failed calls,
+    and the share of episodes that ended for each reason of `STOP_REASONS`."""
+    from grpo.rollout.base import STOP_REASONS
+
+    rows = torch.tensor([[e.turns, e.tool_calls, e.tool_errors] + [float(e.stop == r) for r in STOP_REASONS]
+                         for e in episodes], dtype=torch.float32)
+    mean = dist.gather(rows.reshape(-1)).view(-1, rows.shape[1]).mean(dim=0).tolist()
+    names = ["episode/turns", "episode/tool_calls", "episode/tool_errors"] + [f"episode/stop_{r}" for r in STOP_REASONS]
+    return dict(zip(names, mean))
 
 
 def sample_rows(exp: Experience, groups: int) -> list[dict]:
@@ -188,6 +202,9 @@ def sample_rows(exp: Experience, groups: int) -> list[dict]:
                "reward": _json_float(exp.rewards[j].item()), "advantage": exp.advantages[j, 0].item(),
                "truncated": bool(exp.truncated[j])}
         row.update({f"reward/{k}": _json_float(v[j].item()) for k, v in exp.per_fn.items()})
+        if exp.episodes is not None:
+            ep = exp.episodes[j]
+            row.update({"turns": ep.turns, "tool_calls": ep.tool_calls, "stop": ep.stop, "messages": ep.messages})
         rows.append(row)
     return rows
 

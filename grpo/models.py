@@ -12,10 +12,15 @@ from grpo.errors import ConfigError, DataError
 TINY = "tiny"
 
 
+TINY_TOOLS = "tiny-tools"
+
+
 def resolve_model_path(path: str) -> str:
-    if path == TINY:
-        from grpo.tiny import TINY_MODEL_DIR
-        return str(TINY_MODEL_DIR)
+    """'tiny' and 'tiny-tools' are the bundled models (docs/tiny-model.md, docs/tools.md); any other path is
+    a directory or a Hub id."""
+    if path in (TINY, TINY_TOOLS):
+        from grpo.tiny import TINY_MODEL_DIR, TINY_TOOLS_DIR
+        return str(TINY_MODEL_DIR if path == TINY else TINY_TOOLS_DIR)
     return path
 
 

@@ -16,6 +16,7 @@ import transformers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
+TINY_TOOLS_DIR = Path(__file__).resolve().parent / "assets" / "tiny-tools"
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -103,3 +104,24 @@ def tiny_model_config(tokenizer, **overrides) -> transformers.Qwen2Config:
     )
     kwargs.update(overrides)
     return transformers.Qwen2Config(**kwargs)
+
+
+# The chat of the bundled tool model (`model.path: tiny-tools`, docs/tools.md): one special token per role, every
+# turn ended by EOS, the tools' names in a system line, calls in the `pythonic` syntax inside the model's turn:
+#   <|system|>tools: calculator<|endoftext|><|user|>Calculate 347 * 2918<|endoftext|><|assistant|>
+#   [calculator(expression="347 * 2918")]<|endoftext|><|tool|>1012546<|endoftext|><|assistant|>1012546<|endoftext|>
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}<|system|>tools:{% for t in tools %} {{ (t.function if t.function is defined else t).name }}"
+    "{% endfor %}<|endoftext|>{% endif -%}"
+    "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|endoftext|>{% endfor -%}"
+    "{%- if add_generation_prompt %}<|assistant|>{% endif -%}")
+
+
+def build_tool_tokenizer(model_max_length: int = 128) -> transformers.PreTrainedTokenizerFast:
+    """The character tokenizer of `build_char_tokenizer` with one special token per chat role (appended after
+    the characters, so every character keeps its id) and `TOOL_CHAT_TEMPLATE`."""
+    tok = build_char_tokenizer(model_max_length)
+    tok.add_special_tokens({"additional_special_tokens": list(ROLE_TOKENS)})
+    tok.chat_template = TOOL_CHAT_TEMPLATE
+    return tok

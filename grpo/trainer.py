@@ -29,7 +29,7 @@ from grpo.collect import Collector, collect
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream
 from grpo.distributed import Dist, wrap_for_training
-from grpo.envs import build_environment
+from grpo.envs import build_environment, max_episode_tokens, sandbox_limits
 from grpo.errors import ConfigError, GRPOError
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
@@ -176,23 +176,23 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
         reference = LogprobModule(policy if is_lora(policy) else frozen_copy(policy), path,
                                   adapter_off=is_lora(policy))
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
-    environment = build_environment(tokenizer, m, cfg.rollout)
+    all_finished = lambda done: not dist.any(not done)  # noqa: E731 - every process is done
+    environment = build_environment(tokenizer, cfg, policy, all_finished=all_finished)
     if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
     else:
         reward_fns = build_rewards(cfg.rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
-                                   overlong_buffer=cfg.overlong_buffer)
+                                   overlong_buffer=cfg.overlong_buffer, sandbox_limits=sandbox_limits(cfg.sandbox))
     optimizer, scheduler = build_optimizer((p for p in trainable.parameters() if p.requires_grad), cfg.optim,
                                            cfg.train.lr, cfg.train.steps)
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
-    generator = build_generator(policy, tokenizer, cfg, all_finished=lambda done: not dist.any(not done),
-                                world_size=dist.world_size)
+    generator = build_generator(policy, tokenizer, cfg, all_finished=all_finished, world_size=dist.world_size)
     collector = Collector(environment, generator, reward_fns, cfg.reward_weights,
                           rollout_sampling(cfg.rollout, cfg.rollout.group_size), tokenizer, cfg.train.prompts_per_step,
                           cfg.train.seed, scale=a.scale, std=a.std, eps=a.eps, mask_truncated=a.mask_truncated,
                           dynamic_sampling=a.dynamic_sampling, max_sampling_rounds=a.max_sampling_rounds)
     learner = Learner(trainable, reference, optimizer, cfg.rollout.temperature, m.logprob_chunk_size,
-                      c.micro_batch_size, c.micro_batch_tokens, cfg.rollout.max_new_tokens, cfg.optim.max_grad_norm,
+                      c.micro_batch_size, c.micro_batch_tokens, max_episode_tokens(cfg, policy), cfg.optim.max_grad_norm,
                       beta=a.beta, kl_kind=a.kl_kind, clip_low=a.clip_low, clip_high=a.clip_high,
                       ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations,
                       correction=a.sampler_correction, correction_cap=a.sampler_correction_cap,

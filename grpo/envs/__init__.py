@@ -8,19 +8,59 @@ from grpo.envs.base import Environment
 from grpo.envs.single_turn import SingleTurn, prompt_formatter
 
 
-def _single_turn(tokenizer, model_cfg, rollout_cfg) -> Environment:
-    return SingleTurn(prompt_formatter(tokenizer, model_cfg))
+def _single_turn(tokenizer, cfg, model, all_finished) -> Environment:
+    return SingleTurn(prompt_formatter(tokenizer, cfg.model))
 
 
-# name -> builder(tokenizer, model_cfg, rollout_cfg); a new environment adds one entry here (and its options, if
-# any, to the rollout section or a section of its own)
-ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"single_turn": _single_turn}
+def _tools(tokenizer, cfg, model, all_finished) -> Environment:
+    from grpo.envs.tools import ToolEnvironment
+    from grpo.rollout.base import stop_tokens
+    from grpo.tools import load_tools
+
+    t = cfg.tools
+    tools = load_tools(t.names, timeout_s=t.timeout_s, max_chars=t.result_chars,
+                       sandbox_limits=sandbox_limits(cfg.sandbox))
+    eos, pad = stop_tokens(model, tokenizer)
+    return ToolEnvironment(tokenizer, tools, t.parser, eos_ids=eos, pad_id=pad, context=model_context(model, cfg),
+                           max_turns=t.max_turns, max_tokens=t.max_tokens, system_prompt=cfg.model.system_prompt,
+                           all_finished=all_finished)
 
 
-def build_environment(tokenizer, model_cfg, rollout_cfg) -> Environment:
-    """The environment `rollout.environment` names, for this tokenizer and the `model.*` and `rollout.*`
-    sections."""
-    return ENVIRONMENTS[rollout_cfg.environment](tokenizer, model_cfg, rollout_cfg)
+def sandbox_limits(section):
+    """The `grpo.sandbox.Limits` of a `sandbox.*` config section."""
+    from grpo.sandbox import Limits
+    return Limits(timeout_s=section.timeout_s, cpu_s=section.cpu_s, memory_mb=section.memory_mb,
+                  output_chars=section.output_chars, file_mb=section.file_mb)
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "prompt_formatter"]
+def model_context(model, cfg) -> int:
+    """The most positions (prompt and completion) the model takes: its max_position_embeddings, or less where
+    the vLLM engine is told so (vllm.max_model_len)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    positions = int(getattr(base.config, "max_position_embeddings", 0) or 32768)
+    if cfg.rollout.backend == "vllm" and cfg.vllm.max_model_len:
+        positions = min(positions, cfg.vllm.max_model_len)
+    return positions
+
+
+def max_episode_tokens(cfg, model) -> int:
+    """The most tokens an episode holds after its prompt (L_max of the constant normaliser): one turn's
+    rollout.max_new_tokens, or for multi-turn episodes tools.max_tokens (else the model's context)."""
+    if cfg.rollout.environment == "single_turn":
+        return cfg.rollout.max_new_tokens
+    return cfg.tools.max_tokens or model_context(model, cfg)
+
+
+# name -> builder(tokenizer, cfg, model, all_finished) with `cfg` a whole `grpo.config.Config`; a new environment
+# adds one entry here (and its options, if any, to a section of its own)
+ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"single_turn": _single_turn, "tools": _tools}
+
+
+def build_environment(tokenizer, cfg, model, *, all_finished: Callable[[bool], bool] | None = None) -> Environment:
+    """The environment `cfg.rollout.environment` names (`cfg`: a whole `grpo.config.Config`), for this tokenizer
+    and model. `all_finished(done)`: True only when every process is done (several processes)."""
+    return ENVIRONMENTS[cfg.rollout.environment](tokenizer, cfg, model, all_finished)
+
+
+__all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "max_episode_tokens", "model_context", "prompt_formatter",
+           "sandbox_limits"]

@@ -65,6 +65,30 @@ def _same_number(a: str, b: str) -> bool:
         return a == b.strip()
 
 
+def final_number(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str],
+                 messages: Sequence[list[dict]] | None = None, **_) -> list[float]:
+    """For multi-turn episodes (`rollout.environment=tools`): 1.0 when the last number of the episode's final
+    message, the model's answer, equals the answer; 0.0 when the episode ends on anything else (a tool result,
+    a cut-off call). Numbers in the calls and tool results do not count. Without `messages` (single turns) it
+    is `last_number`.
+
+    Example: messages [user, assistant '[calculator(expression="12 * 34")]', tool '408', assistant '408'] with
+    answer "408" → 1.0; the same ending with the tool message → 0.0.
+    """
+    if messages is None:
+        return last_number(prompts, completions, answer)
+    finals = [m[-1]["content"] if m and m[-1].get("role") == "assistant" and "tool_calls" not in m[-1] else ""
+              for m in messages]
+    return last_number(prompts, finals, answer)
+
+
+def code(prompts: Sequence[str], completions: Sequence[str], **fields) -> list[float | None]:
+    """The fraction of a row's `tests` (Python statements such as asserts) that the completion's code passes,
+    run in the sandbox; None for a row without tests. See `grpo.rewards.code.code`."""
+    from grpo.rewards.code import code as run
+    return run(prompts, completions, **fields)
+
+
 def math(prompts: Sequence[str], completions: Sequence[str], answer: Sequence[str], **fields) -> list[float]:
     """1.0 when the completion's final answer (boxed, <answer>, #### or last number) is mathematically equal to
     the reference (GSM8K "#### 72", MATH \\boxed{}, or plain), checked with math-verify. See
@@ -95,17 +119,21 @@ def arithmetic_steps(prompts: Sequence[str], completions: Sequence[str], **field
 
 
 REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "last_number": last_number, "math": math,
-                                 "format": format, "overlong": overlong, "arithmetic_steps": arithmetic_steps}
+                                 "format": format, "overlong": overlong, "arithmetic_steps": arithmetic_steps,
+                                 "final_number": final_number, "code": code}
 
 
 def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int | None = None,
-                  overlong_buffer: int = 0) -> list[tuple[str, RewardFn]]:
+                  overlong_buffer: int = 0, sandbox_limits=None) -> list[tuple[str, RewardFn]]:
     """The config's reward functions as (name, function) pairs. `overlong` measures completions in the
     tokenizer's tokens against `max_new_tokens`, ramping over the last `overlong_buffer` tokens (a quarter of
-    max_new_tokens when 0)."""
+    max_new_tokens when 0). `code` runs under `sandbox_limits` (`grpo.sandbox.Limits`; None: the defaults)."""
     out = []
     for name in names:
         fn = resolve_reward(name)
+        if name == "code" and sandbox_limits is not None:
+            from grpo.rewards.code import make_code_reward
+            fn = make_code_reward(sandbox_limits)
         if name == "overlong" and tokenizer is not None and max_new_tokens:
             from grpo.rewards.math_answers import make_overlong_penalty
             buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (config.validate)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
@@ -26,6 +26,24 @@ def rollout_sampling(rollout, n: int) -> Sampling:
 
 
 @dataclass
+class Episode:
+    """What a multi-turn environment records of one episode (`Rollout.episodes`), for rewards and logging."""
+
+    messages: list[dict[str, Any]]      # the episode as chat messages: the model's turns, tool results, ...
+    turn_ends: list[int]                # character offsets in the episode's text just after each model turn
+    turns: int = 0                      # model turns
+    tool_calls: int = 0                 # calls the model made
+    tool_errors: int = 0                # of them, calls answered with an error (malformed, unknown, raised, ...)
+    stop: str = "done"                  # why it ended: a name in STOP_REASONS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# why an episode ended: the model answered without a call; the turn limit; the episode's token limit; the
+# model's context; one turn reached rollout.max_new_tokens without EOS
+STOP_REASONS = ("done", "max_turns", "max_tokens", "context", "turn_length")
+
+
+@dataclass
 class Rollout:
     """N = prompts × n completions, prompt by prompt (the n completions of a prompt are consecutive)."""
 
@@ -41,6 +59,8 @@ class Rollout:
     # (N, T) float32 log-probs the sampling engine reported for the tokens it sampled, 0 on padding; None when
     # the sampler is the trainer's own forward (the in-process generator), whose log-probs the trainer computes
     sampler_logp: torch.Tensor | None = None
+    # one `Episode` per row from a multi-turn environment; None for single completions
+    episodes: list[Episode] | None = None
 
     def __post_init__(self):
         n, t = self.completion_ids.shape
@@ -54,6 +74,8 @@ class Rollout:
         if self.truncated.shape != (n,) or len(self.texts) != n:
             raise ValueError(f"Rollout has {n} completions but {tuple(self.truncated.shape)} truncation flags "
                              f"and {len(self.texts)} texts")
+        if self.episodes is not None and len(self.episodes) != n:
+            raise ValueError(f"Rollout has {n} completions but {len(self.episodes)} episodes")
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -68,7 +90,8 @@ class Rollout:
         pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
         return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids),
                        pick(self.completion_mask), pick(self.truncated), [self.texts[i] for i in index.tolist()],
-                       pick(self.loss_mask), pick(self.sampler_logp))
+                       pick(self.loss_mask), pick(self.sampler_logp),
+                       None if self.episodes is None else [self.episodes[i] for i in index.tolist()])
 
 
 def check_shapes(owner: str, tensors: dict[str, torch.Tensor | None], shape: tuple, expected: str) -> None:
@@ -89,13 +112,26 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
             padded.append(torch.cat([fill, t] if left else [t, fill], dim=1))
         return torch.cat(padded)
 
-    logp = None
+    logp = episodes = None
     if all(p.sampler_logp is not None for p in parts):
         logp = cat([p.sampler_logp for p in parts], 0.0, False)
+    if all(p.episodes is not None for p in parts):
+        episodes = [e for p in parts for e in p.episodes]
     return Rollout(cat([p.prompt_ids for p in parts], pad_id, True), cat([p.prompt_mask for p in parts], 0, True),
                    cat([p.completion_ids for p in parts], pad_id, False),
                    cat([p.completion_mask for p in parts], 0, False), torch.cat([p.truncated for p in parts]),
-                   [t for p in parts for t in p.texts], cat([p.loss_mask for p in parts], 0, False), logp)
+                   [t for p in parts for t in p.texts], cat([p.loss_mask for p in parts], 0, False), logp,
+                   episodes)
+
+
+def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], add_special_tokens: bool) -> list[list[int]]:
+    """Prompts as token ids: texts tokenized, token lists as they are; an empty prompt is an error."""
+    ids = [list(p) if not isinstance(p, str) else tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]
+           for p in prompts]
+    if any(len(x) == 0 for x in ids):
+        raise ValueError("a prompt tokenizes to no tokens; a causal LM needs at least one (a non-empty prompt, or "
+                         "a tokenizer that adds BOS)")
+    return ids
 
 
 def stop_tokens(model, tokenizer) -> tuple[list[int], int]:
@@ -123,6 +159,15 @@ def prompt_seeds(seeds: Sequence[int] | None, prompts: int) -> list[int]:
     return list(seeds)
 
 
+def prompt_limits(limits: Sequence[int] | None, sampling: Sampling, prompts: int) -> list[int]:
+    """The most new tokens of each prompt: `limits` checked (1..max_new_tokens each), or max_new_tokens."""
+    if limits is None:
+        return [sampling.max_new_tokens] * prompts
+    if len(limits) != prompts or not all(1 <= k <= sampling.max_new_tokens for k in limits):
+        raise ValueError(f"limits must hold {prompts} values in 1..{sampling.max_new_tokens}, got {list(limits)[:8]}")
+    return [int(k) for k in limits]
+
+
 TRAIN, EVAL, SAMPLE = 0, 1, 2  # seed streams, so training, evaluation and `grpo sample` never share draws
 
 
@@ -136,8 +181,13 @@ class Generator(Protocol):
     """A rollout backend. `grpo.rollout.build_generator` makes one from the config; the trainer, `grpo eval` and
     `grpo sample` all sample through it."""
 
-    def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
+    def generate(self, prompts: list[str] | list[list[int]], sampling: Sampling,
+                 seeds: Sequence[int] | None = None, limits: Sequence[int] | None = None) -> Rollout:
         """n completions per prompt, prompt by prompt; prompt i samples from a generator seeded by seeds[i].
+        A prompt is a text (tokenized here) or a list of token ids (used as they are: a multi-turn environment
+        continues an episode from its exact tokens). `limits[i]` (at most `sampling.max_new_tokens`) is prompt
+        i's most new tokens: its completions stop there, truncated, as if max_new_tokens were that; the tokens
+        before it are the same as without the limit. None: max_new_tokens for every prompt.
         A backend whose engine reports log-probs of the sampled tokens returns them as `Rollout.sampler_logp`."""
 
     def sync_weights(self, model) -> None:

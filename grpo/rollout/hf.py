@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from grpo.policy.context import inference
-from grpo.rollout.base import Rollout, Sampling, concat_rollouts, prompt_seeds, stop_tokens
+from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompts, prompt_limits, prompt_seeds,
+                               stop_tokens)
 from grpo.rollout.lean import LeanDecoding
 
 
@@ -70,31 +71,36 @@ class HFGenerator:
     def close(self) -> None:
         """Nothing to release."""
 
-    def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
-        """n completions per prompt; `seeds` gives each prompt's sampling seed (None: drawn from torch's
-        global generator)."""
+    def generate(self, prompts: list[str] | list[list[int]], sampling: Sampling,
+                 seeds: Sequence[int] | None = None, limits: Sequence[int] | None = None) -> Rollout:
+        """n completions per prompt (texts, or token ids used as they are); `seeds` gives each prompt's sampling
+        seed (None: drawn from torch's global generator); `limits`, each prompt's most new tokens."""
         seeds = prompt_seeds(seeds, len(prompts))
+        limits = prompt_limits(limits, sampling, len(prompts))
         b = self.max_batch_prompts
-        parts = [self._generate(prompts[i:i + b], sampling, seeds[i:i + b]) for i in range(0, len(prompts), b)]
+        parts = [self._generate(prompts[i:i + b], sampling, seeds[i:i + b], limits[i:i + b])
+                 for i in range(0, len(prompts), b)]
         return parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
 
-    def _generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
+    def _generate(self, prompts: list, sampling: Sampling, seeds: Sequence[int], limits: list[int]) -> Rollout:
         # inference mode skips autograd's bookkeeping on every op; the results are cloned out of it, as
         # inference tensors cannot be saved for a backward pass (the training forward embeds these ids)
         with inference(self.model), torch.autocast(self.model.device.type, dtype=torch.bfloat16,
                                                     enabled=self.autocast_bf16):
-            r = self._sample(prompts, sampling, seeds)
+            r = self._sample(prompts, sampling, seeds, limits)
         return Rollout(r.prompt_ids.clone(), r.prompt_mask.clone(), r.completion_ids.clone(),
                        r.completion_mask.clone(), r.truncated.clone(), r.texts)
 
-    def _sample(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int]) -> Rollout:
+    def _sample(self, prompts: list, sampling: Sampling, seeds: Sequence[int], limits: list[int]) -> Rollout:
         device = self.model.device
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left",
-                             add_special_tokens=self.add_special_tokens)
-        prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)
-        if prompt_ids.shape[1] == 0:
-            raise ValueError("every prompt of the batch tokenizes to no tokens; a causal LM needs at least one "
-                             "(a non-empty prompt, or a tokenizer that adds BOS)")
+        ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        width = max(len(x) for x in ids)
+        prompt_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((len(ids), width), dtype=torch.long)
+        for i, x in enumerate(ids):  # left-padded
+            prompt_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            prompt_mask[i, width - len(x):] = 1
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         n = sampling.n
         eos_ids = self.eos_ids.to(device)
         steps = sampling.max_new_tokens
@@ -110,7 +116,9 @@ class HFGenerator:
             step, logits = self._transformers_steps(prompt_ids, prompt_mask, n)
 
         total = logits.shape[0]
-        finished = torch.zeros(total, dtype=torch.bool, device=device)
+        finished = torch.zeros(total, dtype=torch.bool, device=device)  # by EOS or at the row's limit
+        ended = torch.zeros(total, dtype=torch.bool, device=device)  # by EOS
+        cap = torch.tensor(limits, device=device).repeat_interleave(n)
         lengths = torch.full((total,), steps, dtype=torch.long, device=device)
         tokens = []
         for t in range(steps):
@@ -120,6 +128,8 @@ class HFGenerator:
             nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
             stop = ~finished & torch.isin(nxt, eos_ids)
+            ended |= stop
+            stop |= ~finished & (cap <= t + 1)
             lengths[stop] = t + 1
             finished |= stop
             if self.all_finished(bool(finished.all())) or t + 1 == steps:
@@ -129,7 +139,7 @@ class HFGenerator:
         completion_ids = torch.stack(tokens, dim=1)  # (N, T)
         width = completion_ids.shape[1]
         completion_mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).long()
-        truncated = ~finished
+        truncated = ~ended
         # texts: the tokens before EOS (EOS itself is not text)
         text_len = lengths - (~truncated).long()
         texts = self.tokenizer.batch_decode([row[:k].tolist() for row, k in zip(completion_ids, text_len)],

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import DataError, GRPOError
-from grpo.rollout.base import Rollout, Sampling, prompt_seeds, stop_tokens
+from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_tokens
 
 INSTALL = "pip install -e '.[vllm]' (or: make setup-vllm)"
 
@@ -218,30 +218,31 @@ class VLLMGenerator:
         if self._broken:
             raise EngineError(f"the vLLM engine cannot be used: {self._broken}")
 
-    def generate(self, prompts: list[str], sampling: Sampling, seeds: Sequence[int] | None = None) -> Rollout:
-        """n completions per prompt, prompt i's seeded by seeds[i]; with temperature > 0 the engine's log-probs
-        of the sampled tokens come back as `sampler_logp`."""
+    def generate(self, prompts: list[str] | list[list[int]], sampling: Sampling,
+                 seeds: Sequence[int] | None = None, limits: Sequence[int] | None = None) -> Rollout:
+        """n completions per prompt (texts, or token ids used as they are), prompt i's seeded by seeds[i] and
+        limited to limits[i] new tokens; with temperature > 0 the engine's log-probs of the sampled tokens come
+        back as `sampler_logp`."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         self._check_usable()
         seeds = prompt_seeds(seeds, len(prompts))
-        ids = [self.tokenizer(p, add_special_tokens=self.add_special_tokens)["input_ids"] for p in prompts]
-        if any(len(x) == 0 for x in ids):
-            raise ValueError("a prompt tokenizes to no tokens; a causal LM needs at least one (a non-empty "
-                             "prompt, or a tokenizer that adds BOS)")
-        longest = max(len(x) for x in ids)
-        if longest + sampling.max_new_tokens > self.max_model_len:
-            raise DataError(f"a prompt of {longest} tokens plus {sampling.max_new_tokens} new tokens is more than "
-                            f"the vLLM engine's max_model_len={self.max_model_len}; raise vllm.max_model_len (at "
-                            f"most the model's max_position_embeddings) or shorten the prompts")
+        limits = prompt_limits(limits, sampling, len(prompts))
+        ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        longest = max(len(x) + k for x, k in zip(ids, limits))
+        if longest > self.max_model_len:
+            x, k = max(zip(ids, limits), key=lambda p: len(p[0]) + p[1])
+            raise DataError(f"a prompt of {len(x)} tokens plus {k} new tokens is more than the vLLM engine's "
+                            f"max_model_len={self.max_model_len}; raise vllm.max_model_len (at most the model's "
+                            "max_position_embeddings) or shorten the prompts")
         greedy = sampling.temperature == 0  # vLLM samples greedily once per prompt; the n copies are equal
         params = [SamplingParams(n=1 if greedy else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
                                  top_k=sampling.top_k if sampling.top_k > 0 else -1,
-                                 max_tokens=sampling.max_new_tokens, min_tokens=sampling.min_new_tokens,
+                                 max_tokens=k, min_tokens=min(sampling.min_new_tokens, k),
                                  seed=int(s) & (2**63 - 1), logprobs=None if greedy else 0,
                                  stop_token_ids=self.eos_ids, detokenize=False)
-                  for s in seeds]
+                  for s, k in zip(seeds, limits)]
         requests = [TokensPrompt(prompt_token_ids=x) for x in ids]
 
         def run():

@@ -7,6 +7,9 @@ and held-out splits are disjoint and identical for every seed; the seed only ord
   ``+ - *``, evaluated with the usual precedence (``*`` first, then left to right).
 - ``linear``: ``"Solve y = 2x + 1 for x = 2, y ="`` → ``5``. ``y = a x ± b`` with single digits.
 - ``mixed``: both, interleaved.
+- ``products``: ``"Calculate 347 * 2918"`` → ``1012546``: products of two 3–4 digit numbers, too hard to work out
+  in one's head (or in a 1 M-parameter model's), for the tool task (docs/tools.md): the bundled ``tiny-tools``
+  model learns to call its calculator instead.
 
 `worked_solution` writes the two-step working of a problem (" 2 * 6 = 12, 2 + 12 = 14"), in the right order or
 in the wrong one (the grouping mistake " 2 + 2 = 4, 4 * 6 = 24"); the bundled model was warm-started on a mix
@@ -80,6 +83,20 @@ def linear_examples() -> list[Example]:
     return out
 
 
+def product_examples(count: int = 25_000) -> list[Example]:
+    """`count` distinct products a * b of 3–4 digit numbers, drawn with a fixed seed (the space is too large
+    to enumerate)."""
+    rng = random.Random(20261201)
+    seen, out = set(), []
+    while len(out) < count:
+        a, b = rng.randint(100, 9999), rng.randint(100, 9999)
+        if (a, b) in seen:
+            continue
+        seen.add((a, b))
+        out.append(Example(f"Calculate {a} * {b}", str(a * b), {"task": "products", "a": a, "b": b}))
+    return out
+
+
 @dataclass
 class BuiltinTask:
     """A built-in task: the full problem list split into train and held-out by prompt hash."""
@@ -95,7 +112,7 @@ def _split(examples: list[Example]) -> tuple[list[Example], list[Example]]:
     return train, held
 
 
-BUILTIN_TASKS = ("arithmetic", "linear", "mixed")
+BUILTIN_TASKS = ("arithmetic", "linear", "mixed", "products")
 
 
 def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
@@ -103,8 +120,9 @@ def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
     held-out order is fixed (seed 0) so evaluations compare like with like across runs."""
     if name not in BUILTIN_TASKS:
         raise ValueError(f"unknown built-in task {name!r}; choose one of {', '.join(BUILTIN_TASKS)}")
-    parts = {"arithmetic": [arithmetic_examples()], "linear": [linear_examples()],
-             "mixed": [arithmetic_examples(), linear_examples()]}[name]
+    parts = {"arithmetic": [arithmetic_examples], "linear": [linear_examples],
+             "mixed": [arithmetic_examples, linear_examples], "products": [product_examples]}[name]
+    parts = [make() for make in parts]
     train, held = [], []
     for examples in parts:
         t, h = _split(examples)

@@ -136,6 +136,24 @@ def test_seeded_sampling_is_reproducible_and_grouped(model_and_tok):
     assert gen.generate(PROMPTS, s, [1, 2, 3]).texts == a.texts
 
 
+def test_token_prompts_and_per_prompt_limits(model_and_tok):
+    """Token-id prompts sample as their texts do; a limit cuts a prompt's completions to a prefix of the unlimited
+    ones, marked truncated where no EOS came by then."""
+    model, tok = model_and_tok
+    gen = HFGenerator(model, tok)
+    s = Sampling(n=3, max_new_tokens=8, temperature=1.0)
+    full = gen.generate(PROMPTS, s, [1, 2, 3])
+    ids = [tok(p)["input_ids"] for p in PROMPTS]
+    assert gen.generate(ids, s, [1, 2, 3]).texts == full.texts
+    cut = gen.generate(ids, s, [1, 2, 3], limits=[2, 8, 5])
+    for row in range(9):
+        k = int(cut.lengths[row])
+        assert k <= [2, 8, 5][row // 3] and cut.completion_ids[row, :k].tolist() == full.completion_ids[row, :k].tolist()
+        assert bool(cut.truncated[row]) == (k < int(full.lengths[row]) or bool(full.truncated[row]))
+    with pytest.raises(ValueError, match="limits must hold 3 values in 1..8"):
+        gen.generate(ids, s, [1, 2, 3], limits=[2, 9, 5])
+
+
 def test_sample_next_top_p_and_top_k():
     two = torch.log(torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3]]))
     logits = two.repeat(400, 1)  # 400 draws from each row in one call

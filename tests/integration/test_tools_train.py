@@ -1,0 +1,84 @@
+"""Multi-turn training with tools on the bundled tiny-tools model: the shipped tool job learns to call its
+calculator, a resumed run equals an uninterrupted one bit for bit, two processes equal one, and the CLI shows
+episodes."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo.config import load_config
+from grpo.trainer import train
+
+from test_distributed import ENV, assert_same
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB = str(ROOT / "grpo" / "configs" / "tiny_tools.yaml")
+QUIET = ["log.progress=false", "log.tensorboard=false", "log.chart=false"]
+SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "eval.size=16", "eval.pass_k=2", "log.samples_every=1",
+         "compute.threads=2", *QUIET]
+
+
+def rows(out: Path) -> list[dict]:
+    return [{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")}
+            for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tool_job_learns_to_call_the_calculator(tmp_path):
+    # the shipped job shortened; its full figures are in docs/tools.md
+    result = train(load_config(JOB, [f"train.output_dir={tmp_path}", "train.steps=20", "eval.every=0",
+                                     "eval.size=128", "eval.pass_k=0", *QUIET]))
+    before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
+    assert after >= before + 0.25, (before, after)
+    logged = rows(tmp_path)[1:]
+    early, late = logged[:5], logged[-5:]
+    mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+    assert mean(late, "episode/tool_calls") > mean(early, "episode/tool_calls") + 0.2
+    assert mean(late, "reward/mean") > mean(early, "reward/mean") + 0.2
+    assert all(r["episode/tool_errors"] <= r["episode/tool_calls"] for r in logged)
+    samples = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert any(s["tool_calls"] and s["messages"][2]["role"] == "tool" for s in samples)
+
+
+def test_resume_with_tools_is_bit_for_bit(tmp_path):
+    common = [*SMALL, "train.steps=4", "eval.every=2"]
+    train(load_config(JOB, [*common, f"train.output_dir={tmp_path / 'whole'}"]))
+    train(load_config(JOB, [*common, f"train.output_dir={tmp_path / 'split'}", "train.steps=2",
+                            "train.save_every=2"]))
+    train(load_config(JOB, [*common, f"train.output_dir={tmp_path / 'split'}", "train.resume=auto"]))
+    a, b = tmp_path / "whole", tmp_path / "split"
+    assert rows(a) == rows(b)
+    assert (a / "samples.jsonl").read_text() == (b / "samples.jsonl").read_text()
+    wa, wb = load_file(a / "model" / "model.safetensors"), load_file(b / "model" / "model.safetensors")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert sum(r.get("episode/tool_calls", 0) for r in rows(a)) > 0  # the episodes were multi-turn
+
+
+@pytest.mark.slow
+def test_two_processes_with_tools_equal_one(tmp_path):
+    def run(out, nproc):
+        args = ["-m", "grpo", "train", JOB, f"train.output_dir={out}", *SMALL, "train.steps=2", "eval.every=1"]
+        if nproc > 1:
+            args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+        args = [a for a in args if a != "compute.threads=2"] + (["compute.threads=1"] if nproc == 1 else [])
+        r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=ENV, cwd=ROOT)
+        assert r.returncode == 0, r.stderr[-3000:]
+
+    run(tmp_path / "one", 1)
+    run(tmp_path / "two", 2)
+    assert_same(tmp_path / "one", tmp_path / "two")
+    assert any(r.get("episode/tool_calls", 0) > 0 for r in rows(tmp_path / "one"))
+
+
+def test_cli_sample_and_eval_run_episodes(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "grpo", "sample", "tiny_tools", "-n", "2", "--prompt",
+                        "Calculate 1234 * 5678"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "Calculate 1234 * 5678" in r.stdout
+    r = subprocess.run([sys.executable, "-m", "grpo", "eval", "tiny_tools", "eval.size=16", "eval.pass_k=0"],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["examples"] == 16

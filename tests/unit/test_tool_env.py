@@ -1,0 +1,275 @@
+"""The multi-turn tool environment (grpo/envs/tools.py): the tokens and masks of an episode, gradients only on the
+model's tokens, the limits and their stop reasons, determinism, and bad input (tools that raise, hang or return
+no string; templates without tool support; episodes past the context)."""
+import time
+
+import pytest
+import torch
+import transformers
+
+from grpo.algo import policy_loss
+from grpo.envs.tools import ToolEnvironment, check_tool_template
+from grpo.errors import DataError
+from grpo.rollout import HFGenerator, Rollout, Sampling
+from grpo.tasks import Example, load_builtin_task
+from grpo.tiny import build_char_tokenizer, build_tool_tokenizer, tiny_model_config
+from grpo.tools import Tool, load_tools
+
+TOK = build_tool_tokenizer()
+EOS = TOK.eos_token_id
+
+
+class ScriptedTurns:
+    """A generator that writes turn k of every episode from `script[k]` (each a text, ended by EOS unless it is
+    longer than max_new_tokens): the environment's bookkeeping, without a model's randomness."""
+
+    def __init__(self, script: list[str], tok=None):
+        self.script = script
+        self.tok = tok or TOK
+        self.calls = 0
+        self.prompts: list = []
+        self.limits: list = []
+
+    def generate(self, prompts, sampling, seeds=None, limits=None) -> Rollout:
+        text = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        self.prompts.append(prompts)
+        self.limits.append(limits)
+        ids = self.tok(text, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id]
+        cuts = [ids[:min(sampling.max_new_tokens, k)] for k in (limits or [sampling.max_new_tokens] * len(prompts))
+                for _ in range(sampling.n)]
+        width = max(len(c) for c in cuts)
+        completion = torch.tensor([c + [self.tok.pad_token_id] * (width - len(c)) for c in cuts])
+        mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in cuts])
+        rows = len(cuts)
+        return Rollout(torch.ones(rows, 1, dtype=torch.long), torch.ones(rows, 1, dtype=torch.long), completion,
+                       mask, torch.tensor([len(c) < len(ids) for c in cuts]),
+                       [self.tok.decode(c, skip_special_tokens=True) for c in cuts])
+
+    def sync_weights(self, model) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def env(max_turns=4, max_tokens=0, context=128, tools=("calculator",)) -> ToolEnvironment:
+    return ToolEnvironment(TOK, load_tools(list(tools)), "pythonic", eos_ids=[EOS], pad_id=TOK.pad_token_id,
+                           context=context, max_turns=max_turns, max_tokens=max_tokens)
+
+
+def ids(text: str) -> list[int]:
+    return TOK(text, add_special_tokens=False)["input_ids"]
+
+
+CALL1, CALL2, ANSWER = '[calculator(expression="2 * 3")]', '[calculator(expression="6 + 1")]', "7"
+EXAMPLE = Example("Calculate 2 * 3 + 1", "7")
+
+
+def test_three_turn_episode_tokens_and_loss_mask():
+    r = env().rollout(ScriptedTurns([CALL1, CALL2, ANSWER]), [EXAMPLE], Sampling(2, 48), seeds=[5])
+    model = [ids(CALL1) + [EOS], ids(CALL2) + [EOS], ids(ANSWER) + [EOS]]
+    inserted = [ids("<|tool|>6<|endoftext|><|assistant|>"), ids("<|tool|>7<|endoftext|><|assistant|>")]
+    tokens = model[0] + inserted[0] + model[1] + inserted[1] + model[2]
+    mask = [1] * len(model[0]) + [0] * len(inserted[0]) + [1] * len(model[1]) + [0] * len(inserted[1]) \
+        + [1] * len(model[2])
+    assert r.completion_ids.shape == (2, len(tokens))
+    for row in range(2):
+        assert r.completion_ids[row].tolist() == tokens
+        assert r.loss_mask[row].tolist() == mask
+        assert r.completion_mask[row].tolist() == [1] * len(tokens)
+    assert r.prompt_ids[0, r.prompt_mask[0].bool()].tolist() == ids(
+        "<|system|>tools: calculator<|endoftext|><|user|>Calculate 2 * 3 + 1<|endoftext|><|assistant|>")
+    assert not r.truncated.any() and r.sampler_logp is None
+    text = CALL1 + "6" + CALL2 + "7" + ANSWER
+    assert r.texts == [text, text]
+    ep = r.episodes[0]
+    assert (ep.turns, ep.tool_calls, ep.tool_errors, ep.stop) == (3, 2, 0, "done")
+    assert ep.turn_ends == [len(CALL1), len(CALL1) + 1 + len(CALL2), len(text)]
+    assert text[:ep.turn_ends[0]] == CALL1
+    assert [m["role"] for m in ep.messages] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert ep.messages[1]["tool_calls"][0]["function"] == {"name": "calculator", "arguments": {"expression": "2 * 3"}}
+    assert ep.messages[-1] == {"role": "assistant", "content": "7"}
+
+
+# a ChatML template in the Hermes/Qwen2.5 manner: tools listed in the system turn, a tool result as a user turn
+# in <tool_response> tags, a newline after every <|im_end|> (the text the template writes after the model's EOS)
+HERMES = ("{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t.function | tojson }}"
+          "{% endfor %}\n</tools><|im_end|>\n{% endif %}"
+          "{% for m in messages %}{% if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}"
+          "\n</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_qwen_style_calls_and_the_text_after_eos():
+    tok = build_char_tokenizer(256)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.add_tokens(["<tool_call>", "</tool_call>"])  # single tokens, not special: they stay in the text
+    tok.eos_token = "<|im_end|>"
+    tok.chat_template = HERMES
+    e = ToolEnvironment(tok, load_tools(["calculator"]), "qwen", eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id,
+                        context=1024)
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 * 3"}}\n</tool_call>'
+    r = e.rollout(ScriptedTurns([call, "6"], tok), [EXAMPLE], Sampling(1, 200), seeds=[0])
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    inserted = enc("\n<|im_start|>user\n<tool_response>\n6\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    first = enc(call) + [tok.eos_token_id]
+    assert r.completion_ids[0].tolist() == first + inserted + enc("6") + [tok.eos_token_id]
+    assert r.loss_mask[0].tolist() == [1] * len(first) + [0] * len(inserted) + [1] * 2
+    ep = r.episodes[0]
+    assert (ep.tool_calls, ep.tool_errors, ep.stop) == (1, 0, "done")
+    assert ep.messages[2] == {"role": "tool", "name": "calculator", "content": "6"}
+    assert r.texts[0] == call + "\nuser\n<tool_response>\n6\n</tool_response>\nassistant\n6"
+
+
+def test_a_turn_continues_from_the_episodes_exact_tokens():
+    gen = ScriptedTurns([CALL1, ANSWER])
+    r = env().rollout(gen, [EXAMPLE], Sampling(1, 48), seeds=[0])
+    prompt = r.prompt_ids[0, r.prompt_mask[0].bool()].tolist()
+    first = ids(CALL1) + [EOS] + ids("<|tool|>6<|endoftext|><|assistant|>")
+    assert gen.prompts[1] == [prompt + first]  # token ids, not text to re-tokenize
+
+
+def test_environment_tokens_get_no_gradient(random_tool_model):
+    """The log-probs of the tokens the environment inserted receive zero gradient from the policy term and the
+    KL; the model's own tokens receive some."""
+    from grpo.policy import LogprobModule
+
+    r = env().rollout(ScriptedTurns([CALL1, CALL2, ANSWER]), [EXAMPLE], Sampling(2, 48), seeds=[5])
+    module = LogprobModule(random_tool_model)
+    logp = module(r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask, temperature=1.0,
+                  chunk_size=16).float()
+    logp.retain_grad()
+    adv = torch.tensor([[1.0], [-0.5]]).expand_as(logp).contiguous()
+    ref = logp.detach() + 0.3 * torch.randn_like(logp)
+    loss, _ = policy_loss(logp, logp.detach(), adv, r.loss_mask, ref_logp=ref, beta=0.04, clip_low=0.2,
+                          clip_high=0.2, ratio_level="token", aggregation="seq_mean", normalizer=2.0,
+                          max_completion_length=80, kl_kind="k3")
+    loss.backward()
+    inserted = (r.completion_mask == 1) & (r.loss_mask == 0)
+    assert inserted.sum() > 0
+    assert torch.all(logp.grad[inserted] == 0)
+    assert torch.all(logp.grad[r.loss_mask == 1] != 0)
+    # and the weights' gradient does not change when only the inserted tokens' log-probs would differ:
+    # the normaliser counts the model's tokens alone (seq_mean: 3 turns' tokens per episode)
+    assert int(r.loss_mask[0].sum()) == len(ids(CALL1)) + len(ids(CALL2)) + len(ids(ANSWER)) + 3
+
+
+def test_max_turns_ends_an_episode_that_still_calls():
+    r = env(max_turns=2).rollout(ScriptedTurns([CALL1, CALL2, ANSWER]), [EXAMPLE], Sampling(1, 48), seeds=[0])
+    ep = r.episodes[0]
+    assert (ep.turns, ep.tool_calls, ep.stop) == (2, 1, "max_turns")
+    assert not r.truncated[0] and r.completion_ids[0, r.lengths[0] - 1] == EOS  # ends on the model's EOS
+    assert r.loss_mask[0, r.lengths[0] - 1] == 1
+
+
+def test_turn_length_truncates():
+    r = env().rollout(ScriptedTurns([CALL1]), [EXAMPLE], Sampling(1, 10), seeds=[0])
+    ep = r.episodes[0]
+    assert (ep.stop, ep.turns, ep.tool_calls) == ("turn_length", 1, 0) and r.truncated[0]
+    assert r.texts[0] == CALL1[:10]
+
+
+def test_max_tokens_cuts_the_episode_inside_a_turn_or_a_tool_result():
+    first = len(ids(CALL1)) + 1
+    # inside the second model turn
+    r = env(max_tokens=first + 12).rollout(ScriptedTurns([CALL1, CALL2]), [EXAMPLE], Sampling(1, 48), seeds=[0])
+    assert r.lengths[0] == first + 12 and r.truncated[0] and r.episodes[0].stop == "max_tokens"
+    inserted = len(ids("<|tool|>6<|endoftext|><|assistant|>"))
+    assert r.loss_mask[0, :first].all() and r.loss_mask[0, first:first + inserted].sum() == 0
+    assert r.loss_mask[0, first + inserted:].all()
+    # inside the inserted tool result: no room is left for a model turn
+    r = env(max_tokens=first + 3).rollout(ScriptedTurns([CALL1, CALL2]), [EXAMPLE], Sampling(1, 48), seeds=[0])
+    assert r.lengths[0] == first + 3 and r.truncated[0] and r.episodes[0].stop == "max_tokens"
+    assert r.episodes[0].turns == 1 and r.loss_mask[0, first:].sum() == 0
+
+
+def test_an_episode_longer_than_the_context_is_cut_and_recorded():
+    prompt = len(env().rollout(ScriptedTurns([ANSWER]), [EXAMPLE], Sampling(1, 8), seeds=[0]).prompt_ids[0])
+    r = env(context=prompt + 20).rollout(ScriptedTurns([CALL1, CALL2]), [EXAMPLE], Sampling(1, 48), seeds=[0])
+    assert r.lengths[0] == 20 and r.truncated[0] and r.episodes[0].stop == "context"
+    with pytest.raises(DataError, match="leaves no room in the model's context"):
+        env(context=prompt).rollout(ScriptedTurns([ANSWER]), [EXAMPLE], Sampling(1, 8), seeds=[0])
+
+
+def test_tool_errors_reach_the_model_as_results():
+    script = ['[calculator(expression=3)]', '[calculator(expr="1")]', '[nope(a=1)]', '[calculator(', ANSWER]
+    r = env(max_turns=6, context=1024).rollout(ScriptedTurns(script), [EXAMPLE], Sampling(1, 48), seeds=[0])
+    ep = r.episodes[0]
+    assert (ep.turns, ep.tool_calls, ep.tool_errors, ep.stop) == (5, 4, 4, "done")
+    results = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert "must be of type string, not int" in results[0]
+    assert "has no argument 'expr'" in results[1]
+    assert "there is no tool 'nope'" in results[2]
+    assert "not a list of calls" in results[3]
+
+
+def raises(x: str) -> str:
+    """Fail.
+
+    Args:
+        x: anything
+    """
+    raise RuntimeError("broken tool")
+
+
+def hangs(x: str) -> str:
+    """Sleep.
+
+    Args:
+        x: anything
+    """
+    time.sleep(30)
+    return "late"
+
+
+def not_text(x: str) -> str:
+    """Return a number.
+
+    Args:
+        x: anything
+    """
+    return 42
+
+
+def test_a_tool_that_raises_or_hangs_gives_an_error_result_and_one_that_returns_no_string_stops():
+    tools = {"raises": Tool(raises), "hangs": Tool(hangs, timeout_s=0.5), "not_text": Tool(not_text)}
+    e = ToolEnvironment(TOK, tools, "pythonic", eos_ids=[EOS], pad_id=TOK.pad_token_id, context=128)
+    r = e.rollout(ScriptedTurns(['[raises(x="a")]', '[hangs(x="a")]', ANSWER]), [EXAMPLE], Sampling(1, 48), [0])
+    results = [m["content"] for m in r.episodes[0].messages if m["role"] == "tool"]
+    assert results == ["error: RuntimeError: broken tool", "error: hangs did not finish within 0.5 s"]
+    with pytest.raises(DataError, match="tool 'not_text' returned int, not a string"):
+        e.rollout(ScriptedTurns(['[not_text(x="a")]', ANSWER]), [EXAMPLE], Sampling(1, 48), [0])
+
+
+def test_a_chat_template_without_tool_support_is_refused_at_load():
+    plain = build_char_tokenizer()
+    with pytest.raises(DataError, match="needs a chat template"):
+        check_tool_template(plain, [])
+    plain.chat_template = "{% for m in messages %}{% if m.role != 'tool' %}{{ m.content }}{% endif %}{% endfor %}"
+    with pytest.raises(DataError, match="does not render tool messages"):
+        check_tool_template(plain, [])
+    plain.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"  # renders tool turns, not tools=
+    schemas = [t.schema for t in load_tools(["calculator"]).values()]
+    with pytest.raises(DataError, match="does not show the tools"):
+        check_tool_template(plain, schemas)
+    check_tool_template(TOK, schemas)
+
+
+def test_episodes_depend_on_their_seed_alone(random_tool_model):
+    """Sampled with a real model: the same example and seed give the same episodes alone or in a batch."""
+    gen = HFGenerator(random_tool_model, TOK, add_special_tokens=False)
+    examples = load_builtin_task("products").eval[:3]
+    e = env(max_turns=3, max_tokens=60)
+    together = e.rollout(gen, examples, Sampling(4, 24), seeds=[11, 12, 13])
+    alone = e.rollout(gen, examples[1:2], Sampling(4, 24), seeds=[12])
+    assert together.texts[4:8] == alone.texts
+    k = alone.completion_ids.shape[1]
+    assert torch.equal(together.completion_ids[4:8, :k], alone.completion_ids)
+    assert torch.equal(together.loss_mask[4:8, :k], alone.loss_mask)
+
+
+@pytest.fixture(scope="module")
+def random_tool_model():
+    cfg = tiny_model_config(TOK, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            max_position_embeddings=128)
+    torch.manual_seed(0)
+    return transformers.Qwen2ForCausalLM(cfg).eval()
