@@ -114,7 +114,7 @@ def _load(cfg):
 
     model, tokenizer = load_model(cfg.model)
     generator = build_generator(model, tokenizer, cfg)
-    environment = build_environment(tokenizer, cfg, model)
+    environment = build_environment(model, tokenizer, cfg)
     return generator, environment, load_task(cfg.data, cfg.train.seed)
 
 

@@ -30,7 +30,8 @@ from grpo.algo import compute_advantages, informative_groups, process_advantages
 from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.envs import Environment
-from grpo.evaluation import episode_fields, example_fields
+from grpo.envs.base import episode_fields
+from grpo.evaluation import example_fields
 from grpo.experience import Experience, trained_tokens
 from grpo.rewards import Scores, score
 from grpo.rollout import TRAIN, Generator, Rollout, Sampling, sampling_seed

@@ -382,10 +382,18 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
                               "model.chat_template=true")
         if not cfg.tools.names:
             raise ConfigError("tools.names is empty; name at least one tool for rollout.environment=tools")
+        load_tools(cfg.tools.names)  # each name imports (a parser registered in a tool's module is then known)
         if cfg.tools.parser not in TOOL_PARSERS:
             raise ConfigError(f"tools.parser={cfg.tools.parser!r} is not a tool-call parser; choose one of "
                               f"{', '.join(map(repr, TOOL_PARSERS))}")
-        load_tools(cfg.tools.names)  # each name imports and has a schema
+        if "python" in cfg.tools.names and cfg.sandbox.timeout_s >= cfg.tools.timeout_s:
+            raise ConfigError(f"sandbox.timeout_s={cfg.sandbox.timeout_s:g} must be less than tools.timeout_s="
+                              f"{cfg.tools.timeout_s:g}, so that the python tool's executions end before its calls "
+                              "time out")
+        if "overlong" in cfg.rewards:
+            raise ConfigError("the overlong reward counts one completion's tokens against rollout.max_new_tokens; "
+                              "with rollout.environment=tools that is one turn, and the episode is longer: leave "
+                              "it out")
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_engine import INSTALL
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from grpo.distributed import Dist
+from grpo.envs.base import episode_fields
 from grpo.errors import DataError
 from grpo.rewards import RewardFn, reward_name
 from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
 
 if TYPE_CHECKING:
-    from grpo.envs import Environment
+    from grpo.envs.base import Environment
 
 
 def example_fields(examples: Sequence[Example], repeat: int = 1) -> dict[str, list]:
@@ -27,14 +28,6 @@ def example_fields(examples: Sequence[Example], repeat: int = 1) -> dict[str, li
             value = e.answer if k == "answer" else e.fields.get(k)
             out[k].extend([value] * repeat)
     return out
-
-
-def episode_fields(rollout) -> dict[str, list]:
-    """Reward keyword arguments of a multi-turn rollout: each episode's `messages` and `turn_ends` (the
-    character offsets in its text just after each model turn); none for single completions."""
-    if rollout.episodes is None:
-        return {}
-    return {"messages": [e.messages for e in rollout.episodes], "turn_ends": [e.turn_ends for e in rollout.episodes]}
 
 
 def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grpo.rollout import Rollout
-from grpo.rollout.base import Episode, check_shapes
+from grpo.rollout.base import check_shapes
 from grpo.tasks.base import Example
 
 
@@ -32,7 +32,7 @@ class Experience:
     truncated: torch.Tensor            # (N,) bool: cut off by the length limit
     all_rewards: torch.Tensor          # (N · processes,) every process's `rewards`, in rank order (for logging)
     stats: dict[str, float] = field(default_factory=dict)  # figures of the sampling itself (rounds, drops)
-    episodes: list[Episode] | None = None  # one per row from a multi-turn environment (turns, calls, stop reason)
+    episodes: list | None = None           # `grpo.envs.base.Episode`s, one per row from a multi-turn environment (turns, calls, stop reason)
 
     def __post_init__(self):
         n, t = self.completion_ids.shape

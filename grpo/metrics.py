@@ -181,7 +181,7 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
 def episode_metrics(episodes: list, dist: Dist) -> dict[str, float]:
     """Means over the step's multi-turn episodes (every process's): model turns, tool calls, failed calls,
     and the share of episodes that ended for each reason of `STOP_REASONS`."""
-    from grpo.rollout.base import STOP_REASONS
+    from grpo.envs.base import STOP_REASONS
 
     rows = torch.tensor([[e.turns, e.tool_calls, e.tool_errors] + [float(e.stop == r) for r in STOP_REASONS]
                          for e in episodes], dtype=torch.float32)

@@ -91,6 +91,12 @@ class Limits:
             if not getattr(self, name) > 0:
                 raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
 
+    @classmethod
+    def from_config(cls, section) -> Limits:
+        """The limits of a `sandbox.*` config section (`grpo.config.SandboxConfig`)."""
+        return cls(timeout_s=section.timeout_s, cpu_s=section.cpu_s, memory_mb=section.memory_mb,
+                   output_chars=section.output_chars, file_mb=section.file_mb)
+
 
 @dataclass(frozen=True)
 class Execution:

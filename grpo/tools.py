@@ -76,8 +76,9 @@ def parse_qwen(text: str) -> list[ToolCall]:
         body = m.group(1).strip()
         try:
             obj = json.loads(body)
-        except ValueError as e:
-            calls.append(ToolCall("", error=f"error: the tool call is not valid JSON ({e.msg}): {body[:200]}"))
+        except (ValueError, RecursionError, MemoryError) as e:
+            why = e.msg if isinstance(e, json.JSONDecodeError) else type(e).__name__
+            calls.append(ToolCall("", error=f"error: the tool call is not valid JSON ({why}): {body[:200]}"))
             continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             calls.append(ToolCall("", error='error: a tool call is a JSON object {"name": ..., "arguments": {...}}'))
@@ -86,7 +87,7 @@ def parse_qwen(text: str) -> list[ToolCall]:
         if isinstance(args, str):  # some models write the arguments as a JSON string
             try:
                 args = json.loads(args)
-            except ValueError:
+            except (ValueError, RecursionError, MemoryError):
                 pass
         if not isinstance(args, dict):
             calls.append(ToolCall(obj["name"], error=f"error: the arguments of {obj['name']} must be a JSON object"))
@@ -109,10 +110,10 @@ def parse_pythonic(text: str) -> list[ToolCall]:
     for end in (i for i, ch in enumerate(text) if ch == "]" and i > start):
         try:
             node = ast.parse(text[start:end + 1], mode="eval").body
-        except SyntaxError:
+            if isinstance(node, ast.List) and node.elts and all(isinstance(e, ast.Call) for e in node.elts):
+                return [_pythonic_call(e) for e in node.elts]
+        except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting, a null byte, ...
             continue
-        if isinstance(node, ast.List) and node.elts and all(isinstance(e, ast.Call) for e in node.elts):
-            return [_pythonic_call(e) for e in node.elts]
     return [ToolCall("", error=f"error: the tool call is not a list of calls name(arg=value): {text[start:start + 200]}")]
 
 
@@ -151,6 +152,9 @@ class Tool:
             name = getattr(fn, "__name__", repr(fn))
             raise ConfigError(f"tools: {name} cannot be a tool: {' '.join(str(e).split())[:300]} (a tool is a "
                               "function with type hints and a docstring that describes every argument)") from None
+        if self.schema["function"].get("return", {}).get("type") != "string":
+            raise ConfigError(f"tools: {self.schema['function']['name']} cannot be a tool: it must be annotated to "
+                              "return str (its result is the text the model reads)")
         self.fn = fn
         self.name = self.schema["function"]["name"]
         self.parameters = self.schema["function"].get("parameters", {})
@@ -168,6 +172,9 @@ class Tool:
             return f"error: {self.name} needs the argument {missing[0]!r}"
         for k, v in arguments.items():
             if not _fits(v, props[k]):
+                if "enum" in props[k]:
+                    allowed = ", ".join(map(repr, props[k]["enum"]))
+                    return f"error: {self.name}'s argument {k!r} must be one of {allowed}, not {v!r}"[:300]
                 want = props[k].get("type", "any")
                 return f"error: {self.name}'s argument {k!r} must be of type {want}, not {type(v).__name__}"
         return ""
@@ -199,6 +206,10 @@ class Tool:
 
 
 def _fits(value: Any, prop: dict) -> bool:
+    if value is None and prop.get("nullable"):
+        return True  # Optional[...]
+    if "enum" in prop and value not in prop["enum"]:
+        return False  # Literal[...]
     kinds = prop.get("type")
     if kinds is None:
         return True

@@ -29,7 +29,7 @@ from grpo.collect import Collector, collect
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream
 from grpo.distributed import Dist, wrap_for_training
-from grpo.envs import build_environment, max_episode_tokens, sandbox_limits
+from grpo.envs import build_environment, max_episode_tokens
 from grpo.errors import ConfigError, GRPOError
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
@@ -39,6 +39,7 @@ from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
 from grpo.rollout import build_generator, rollout_sampling
+from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
 from grpo.tasks import load_task
 
@@ -177,12 +178,12 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                                   adapter_off=is_lora(policy))
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
     all_finished = lambda done: not dist.any(not done)  # noqa: E731 - every process is done
-    environment = build_environment(tokenizer, cfg, policy, all_finished=all_finished)
+    environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished)
     if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
     else:
         reward_fns = build_rewards(cfg.rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
-                                   overlong_buffer=cfg.overlong_buffer, sandbox_limits=sandbox_limits(cfg.sandbox))
+                                   overlong_buffer=cfg.overlong_buffer, sandbox_limits=Limits.from_config(cfg.sandbox))
     optimizer, scheduler = build_optimizer((p for p in trainable.parameters() if p.requires_grad), cfg.optim,
                                            cfg.train.lr, cfg.train.steps)
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built

@@ -139,7 +139,7 @@ def main() -> None:
 
     model.eval()
     generator = HFGenerator(model, tok, add_special_tokens=False)
-    env = ToolEnvironment(tok, tools, "pythonic", eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id, context=128,
+    env = ToolEnvironment(tok, tools, "pythonic", pad_id=tok.pad_token_id, context=128,
                           max_turns=2, max_tokens=80)
     held_out = task.eval[:args.eval_size]
     held = evaluate(env, generator, held_out, final_number, max_new_tokens=args.max_new_tokens, pass_k=8,

@@ -8,29 +8,23 @@ from grpo.envs.base import Environment
 from grpo.envs.single_turn import SingleTurn, prompt_formatter
 
 
-def _single_turn(tokenizer, cfg, model, all_finished) -> Environment:
+def _single_turn(model, tokenizer, cfg, all_finished) -> Environment:
     return SingleTurn(prompt_formatter(tokenizer, cfg.model))
 
 
-def _tools(tokenizer, cfg, model, all_finished) -> Environment:
+def _tools(model, tokenizer, cfg, all_finished) -> Environment:
     from grpo.envs.tools import ToolEnvironment
     from grpo.rollout.base import stop_tokens
+    from grpo.sandbox import Limits
     from grpo.tools import load_tools
 
     t = cfg.tools
     tools = load_tools(t.names, timeout_s=t.timeout_s, max_chars=t.result_chars,
-                       sandbox_limits=sandbox_limits(cfg.sandbox))
-    eos, pad = stop_tokens(model, tokenizer)
-    return ToolEnvironment(tokenizer, tools, t.parser, eos_ids=eos, pad_id=pad, context=model_context(model, cfg),
+                       sandbox_limits=Limits.from_config(cfg.sandbox))
+    _, pad = stop_tokens(model, tokenizer)
+    return ToolEnvironment(tokenizer, tools, t.parser, pad_id=pad, context=model_context(model, cfg),
                            max_turns=t.max_turns, max_tokens=t.max_tokens, system_prompt=cfg.model.system_prompt,
                            all_finished=all_finished)
-
-
-def sandbox_limits(section):
-    """The `grpo.sandbox.Limits` of a `sandbox.*` config section."""
-    from grpo.sandbox import Limits
-    return Limits(timeout_s=section.timeout_s, cpu_s=section.cpu_s, memory_mb=section.memory_mb,
-                  output_chars=section.output_chars, file_mb=section.file_mb)
 
 
 def model_context(model, cfg) -> int:
@@ -51,16 +45,16 @@ def max_episode_tokens(cfg, model) -> int:
     return cfg.tools.max_tokens or model_context(model, cfg)
 
 
-# name -> builder(tokenizer, cfg, model, all_finished) with `cfg` a whole `grpo.config.Config`; a new environment
-# adds one entry here (and its options, if any, to a section of its own)
+# name -> builder(model, tokenizer, cfg, all_finished) with `cfg` a whole `grpo.config.Config`, as a backend's;
+# a new environment adds one entry here (and its options, if any, to a section of its own)
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"single_turn": _single_turn, "tools": _tools}
 
 
-def build_environment(tokenizer, cfg, model, *, all_finished: Callable[[bool], bool] | None = None) -> Environment:
+def build_environment(model, tokenizer, cfg, *, all_finished: Callable[[bool], bool] | None = None) -> Environment:
     """The environment `cfg.rollout.environment` names (`cfg`: a whole `grpo.config.Config`), for this tokenizer
     and model. `all_finished(done)`: True only when every process is done (several processes)."""
-    return ENVIRONMENTS[cfg.rollout.environment](tokenizer, cfg, model, all_finished)
+    return ENVIRONMENTS[cfg.rollout.environment](model, tokenizer, cfg, all_finished)
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "max_episode_tokens", "model_context", "prompt_formatter",
-           "sandbox_limits"]
+__all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "max_episode_tokens", "model_context",
+           "prompt_formatter"]

@@ -22,10 +22,36 @@ Environments are named in `grpo.envs.ENVIRONMENTS` and chosen by `rollout.enviro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from grpo.rollout import Generator, Rollout, Sampling
 from grpo.tasks.base import Example
+
+
+@dataclass
+class Episode:
+    """What a multi-turn environment records of one episode (`Rollout.episodes`), for rewards and logging."""
+
+    messages: list[dict[str, Any]]      # the episode as chat messages: the model's turns, tool results, ...
+    turn_ends: list[int]                # character offsets in the episode's text just after each model turn
+    turns: int = 0                      # model turns
+    tool_calls: int = 0                 # calls the model made
+    tool_errors: int = 0                # of them, calls answered with an error (malformed, unknown, raised, ...)
+    stop: str = "done"                  # why it ended: a name in STOP_REASONS
+
+
+# why an episode ended: the model answered without a call; the turn limit; the episode's token limit; the
+# model's context; one turn reached rollout.max_new_tokens without EOS
+STOP_REASONS = ("done", "max_turns", "max_tokens", "context", "turn_length")
+
+
+def episode_fields(rollout: Rollout) -> dict[str, list]:
+    """Reward keyword arguments of a multi-turn rollout: each episode's `messages` and `turn_ends` (the
+    character offsets in its text just after each model turn); none for single completions."""
+    if rollout.episodes is None:
+        return {}
+    return {"messages": [e.messages for e in rollout.episodes], "turn_ends": [e.turn_ends for e in rollout.episodes]}
 
 
 class Environment(Protocol):

@@ -37,9 +37,13 @@ import torch
 
 from grpo.errors import DataError
 from grpo.rollout import Generator, Rollout, Sampling
-from grpo.rollout.base import Episode, prompt_seeds
+from grpo.envs.base import Episode
+from grpo.rollout.base import prompt_seeds
 from grpo.tasks.base import Example
-from grpo.tools import TOOL_PARSERS, Tool, call_tools
+from grpo.tools import TOOL_PARSERS, Tool, ToolCall, call_tools
+
+
+PLACEHOLDER = "grpo-assistant-turn-7c1f"  # stands for a model turn when the template renders what follows it
 
 
 def turn_seed(example_seed: int, episode: int, turn: int) -> int:
@@ -69,7 +73,7 @@ class _Episode:
 
 
 class ToolEnvironment:
-    def __init__(self, tokenizer, tools: dict[str, Tool], parser: str, *, eos_ids: Sequence[int], pad_id: int,
+    def __init__(self, tokenizer, tools: dict[str, Tool], parser: str, *, pad_id: int,
                  context: int, max_turns: int = 4, max_tokens: int = 0, system_prompt: str = "",
                  all_finished: Callable[[bool], bool] | None = None):
         """`tools`: name -> `grpo.tools.Tool`; `parser`: a name in `grpo.tools.TOOL_PARSERS`; `context`: the most
@@ -80,7 +84,6 @@ class ToolEnvironment:
         self.tokenizer = tokenizer
         self.tools = tools
         self.parse = TOOL_PARSERS[parser]
-        self.eos_ids = set(eos_ids)
         self.pad_id = pad_id
         self.context = context
         self.max_turns = max_turns
@@ -99,23 +102,21 @@ class ToolEnvironment:
         return self.tokenizer.apply_chat_template(self.system + messages, tools=self.schemas or None,
                                                   tokenize=False, add_generation_prompt=generation_prompt)
 
-    def _inserted(self, messages: list[dict], results: list[dict], content: str, eos: int | None) -> list[int]:
-        """The tokens the environment appends after a model turn (whose text is `content`, ended by `eos`):
-        the template's text after the turn, its tool messages and the next generation prompt."""
-        before = self._render(messages, False)
-        after = self._render(messages + results, True)
-        if not after.startswith(before):
-            raise DataError("the chat template renders the earlier turns of an episode differently once tool "
-                            "results follow them; the tools environment needs a template that only appends")
-        end = before.rfind(content) + len(content) if content else len(before)
-        if content and before.rfind(content) < 0:
-            raise DataError("the chat template does not render an assistant message's content as it is; the tools "
+    def _inserted(self, history: list[dict], results: list[dict], eos: int) -> list[int]:
+        """The tokens the environment appends after a model turn that ended with `eos` and called tools: the
+        template's text after an assistant turn (with `history` before it), the tool messages `results` and the
+        next generation prompt. The turn is rendered as a placeholder, so that a template which rewrites an
+        assistant message (strips whitespace or reasoning, adds an empty think block) changes nothing here."""
+        text = self._render(history + [{"role": "assistant", "content": PLACEHOLDER}] + results, True)
+        at = text.rfind(PLACEHOLDER)
+        if at < 0:
+            raise DataError("the chat template does not render an assistant message's content; the tools "
                             "environment needs one that does")
-        tail = before[end:]
-        eos_text = self.tokenizer.decode([eos]) if eos is not None else ""
+        tail = text[at + len(PLACEHOLDER):]
+        eos_text = self.tokenizer.decode([eos])
         if eos_text and tail.startswith(eos_text):  # the model wrote that token itself
             tail = tail[len(eos_text):]
-        return self.tokenizer(tail + after[len(before):], add_special_tokens=False)["input_ids"]
+        return self.tokenizer(tail, add_special_tokens=False)["input_ids"]
 
     # ---- the Environment protocol
 
@@ -130,7 +131,8 @@ class ToolEnvironment:
             room = self.context - len(ids)
             if room < 1:
                 raise DataError(f"a prompt of {len(ids)} tokens leaves no room in the model's context of "
-                                f"{self.context} positions: {e.prompt[:80]!r}")
+                                f"{self.context} positions: {e.prompt[:80]!r}; shorten the prompts or use a "
+                                "model with a longer context")
             limit, reason = (room, "context") if not self.max_tokens or room < self.max_tokens else (
                 self.max_tokens, "max_tokens")
             prompts.append(ids)
@@ -140,6 +142,7 @@ class ToolEnvironment:
         # rollout.max_new_tokens tokens and what is left of its episode's room
         cap = sampling.max_new_tokens
         r = generator.generate(prompts, sampling, seeds, [min(cap, episodes[i * g].room) for i in range(len(prompts))])
+        device = r.completion_ids.device
         with_logp = r.sampler_logp is not None  # the engine reports log-probs of its own (vLLM)
         self._take(episodes, r)
         one = replace(sampling, n=1)
@@ -154,52 +157,67 @@ class ToolEnvironment:
             r = generator.generate([episodes[i].prompt + episodes[i].tokens for i in active], one, turn_seeds,
                                    [min(cap, episodes[i].room) for i in active])
             self._take([episodes[i] for i in active], r)
-        return self._assemble(episodes, with_logp)
+        return self._assemble(episodes, with_logp).to(device)
 
     def _take(self, episodes: list[_Episode], r: Rollout) -> None:
-        """Append each row of `r` (one turn) to its episode, then run the turn's tool calls."""
+        """Append each row of `r` (one turn) to its episode; run the calls of the turns that made some."""
         lengths = r.lengths.tolist()
         for j, ep in enumerate(episodes):
             tokens = r.completion_ids[j, :lengths[j]].tolist()
             logp = r.sampler_logp[j, :lengths[j]].tolist() if r.sampler_logp is not None else [0.0] * len(tokens)
             eos = tokens[-1] if not bool(r.truncated[j]) else None
-            if eos is None and len(tokens) == ep.room:  # the episode's limit, not the turn's
-                ep.stop, ep.truncated = ep.limit_reason, True
-            elif eos is None:  # rollout.max_new_tokens
-                ep.stop, ep.truncated = "turn_length", True
-            ep.tokens += tokens
-            ep.mask += [1] * len(tokens)
-            ep.logp += logp
-            ep.turns += 1
-            ep.turn_token_ends.append(len(ep.tokens) - (eos is not None))
-            content = self.tokenizer.decode(tokens[:-1] if eos is not None else tokens, skip_special_tokens=True)
-            calls = self.parse(content) if self.tools else []
-            message = {"role": "assistant", "content": content}
-            if calls:
-                message["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                         for c in calls if not c.error]
-            history = list(ep.messages)
-            ep.messages.append(message)
-            if ep.stop:
-                continue
-            if not calls:
-                ep.stop = "done"
-                continue
-            if ep.turns >= self.max_turns:
-                ep.stop = "max_turns"
-                continue
-            results = call_tools(self.tools, calls)
-            ep.tool_calls += len(results)
-            ep.tool_errors += sum(res.error for res in results)
-            tool_messages = [{"role": "tool", "name": res.name, "content": res.content} for res in results]
-            ep.messages += tool_messages
-            inserted = self._inserted(history + [message], tool_messages, content, eos)
-            if len(inserted) >= ep.room:  # no room left for another model turn
-                inserted = inserted[:ep.room]
-                ep.stop, ep.truncated = ep.limit_reason, True
-            ep.tokens += inserted
-            ep.mask += [0] * len(inserted)
-            ep.logp += [0.0] * len(inserted)
+            content = self._append_turn(ep, tokens, logp, eos)
+            if not ep.stop:
+                self._respond(ep, content, eos)
+
+    def _append_turn(self, ep: _Episode, tokens: list[int], logp: list[float], eos: int | None) -> str:
+        """Add a model turn to the episode (its tokens trained); stop the episode at a length limit. Returns the
+        turn's text (without its EOS)."""
+        if eos is None:  # cut off: by the episode's limit when the turn had all the room left, else by its own
+            ep.stop, ep.truncated = (ep.limit_reason if len(tokens) == ep.room else "turn_length"), True
+        ep.tokens += tokens
+        ep.mask += [1] * len(tokens)
+        ep.logp += logp
+        ep.turns += 1
+        ep.turn_token_ends.append(len(ep.tokens) - (eos is not None))
+        content = self.tokenizer.decode(tokens[:-1] if eos is not None else tokens, skip_special_tokens=True)
+        ep.messages.append({"role": "assistant", "content": content})
+        return content
+
+    def _respond(self, ep: _Episode, content: str, eos: int) -> None:
+        """The environment's answer to a finished model turn: the episode ends when the turn calls no tool (or
+        at the turn limit); else the calls run and their results are appended (not trained)."""
+        calls = self._calls(content)
+        if calls:
+            ep.messages[-1]["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                                             for c in calls if not c.error]
+        if not calls:
+            ep.stop = "done"
+            return
+        if ep.turns >= self.max_turns:
+            ep.stop = "max_turns"
+            return
+        results = call_tools(self.tools, calls)
+        ep.tool_calls += len(results)
+        ep.tool_errors += sum(res.error for res in results)
+        tool_messages = [{"role": "tool", "name": res.name, "content": res.content} for res in results]
+        inserted = self._inserted(ep.messages[:-1], tool_messages, eos)
+        ep.messages += tool_messages
+        if len(inserted) >= ep.room:  # no room left for another model turn
+            inserted = inserted[:ep.room]
+            ep.stop, ep.truncated = ep.limit_reason, True
+        ep.tokens += inserted
+        ep.mask += [0] * len(inserted)
+        ep.logp += [0.0] * len(inserted)
+
+    def _calls(self, content: str) -> list[ToolCall]:
+        """The calls of a turn; a parser that fails on what the model wrote gives one malformed call."""
+        if not self.tools:
+            return []
+        try:
+            return self.parse(content)
+        except Exception as e:  # noqa: BLE001 - a registered parser on odd model output: the model reads why
+            return [ToolCall("", error=f"error: the tool call could not be read ({type(e).__name__}: {e})"[:300])]
 
     def _assemble(self, episodes: list[_Episode], with_logp: bool) -> Rollout:
         n = len(episodes)
@@ -235,7 +253,7 @@ def check_tool_template(tokenizer, schemas: list[dict]) -> None:
         raise DataError("rollout.environment=tools needs a chat template, and the tokenizer has none; use a chat "
                         "model's tokenizer (one whose template takes tools=, such as Qwen2.5's)")
     probe = "grpo-probe-result-31337"
-    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "call"},
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": PLACEHOLDER},
                 {"role": "tool", "name": "probe", "content": probe}]
     try:
         text = tokenizer.apply_chat_template(messages, tools=schemas or None, tokenize=False,
@@ -246,6 +264,9 @@ def check_tool_template(tokenizer, schemas: list[dict]) -> None:
     if probe not in text:
         raise DataError("the tokenizer's chat template does not render tool messages (role 'tool'); use a model "
                         "whose chat template supports tools, such as Qwen2.5's")
+    if not 0 <= text.find(PLACEHOLDER) < text.find(probe):
+        raise DataError("the tokenizer's chat template does not render an assistant turn's content before the tool "
+                        "results that follow it; the tools environment needs one that does")
     names = [s["function"]["name"] for s in schemas]
     if names and not all(name in text for name in names):
         raise DataError("the tokenizer's chat template does not show the tools to the model (it ignores tools=); "

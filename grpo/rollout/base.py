@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from grpo.envs.base import Episode
 
 
 @dataclass(frozen=True)
@@ -26,32 +29,15 @@ def rollout_sampling(rollout, n: int) -> Sampling:
 
 
 @dataclass
-class Episode:
-    """What a multi-turn environment records of one episode (`Rollout.episodes`), for rewards and logging."""
-
-    messages: list[dict[str, Any]]      # the episode as chat messages: the model's turns, tool results, ...
-    turn_ends: list[int]                # character offsets in the episode's text just after each model turn
-    turns: int = 0                      # model turns
-    tool_calls: int = 0                 # calls the model made
-    tool_errors: int = 0                # of them, calls answered with an error (malformed, unknown, raised, ...)
-    stop: str = "done"                  # why it ended: a name in STOP_REASONS
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
-# why an episode ended: the model answered without a call; the turn limit; the episode's token limit; the
-# model's context; one turn reached rollout.max_new_tokens without EOS
-STOP_REASONS = ("done", "max_turns", "max_tokens", "context", "turn_length")
-
-
-@dataclass
 class Rollout:
     """N = prompts × n completions, prompt by prompt (the n completions of a prompt are consecutive)."""
 
     prompt_ids: torch.Tensor       # (N, Lp) left-padded
     prompt_mask: torch.Tensor      # (N, Lp) 1 on prompt tokens
     completion_ids: torch.Tensor   # (N, T) right-padded with the pad id
-    completion_mask: torch.Tensor  # (N, T) 1 up to and including the first EOS, from positions (SPEC 12)
-    truncated: torch.Tensor        # (N,) bool: no EOS within max_new_tokens
+    completion_mask: torch.Tensor  # (N, T) 1 on every token of the completion (one turn: up to and including its
+                                   # first EOS, from positions, SPEC 12; an episode: all its turns and insertions)
+    truncated: torch.Tensor        # (N,) bool: cut off by a length limit (no EOS within max_new_tokens, ...)
     texts: list[str]               # decoded completions, EOS and padding left out
     # (N, T) 1 on the tokens that are the model's to learn: the generator's own tokens are (completion_mask, the
     # default); an environment zeroes the tokens it inserted itself (tool output, say)
@@ -83,6 +69,12 @@ class Rollout:
     @property
     def lengths(self) -> torch.Tensor:  # (N,) tokens per completion, EOS included
         return self.completion_mask.sum(1)
+
+    def to(self, device) -> Rollout:
+        """The same rollout with its tensors on `device`."""
+        f = lambda x: None if x is None else x.to(device)  # noqa: E731
+        return Rollout(f(self.prompt_ids), f(self.prompt_mask), f(self.completion_ids), f(self.completion_mask),
+                       f(self.truncated), self.texts, f(self.loss_mask), f(self.sampler_logp), self.episodes)
 
     def select(self, rows: Sequence[int]) -> Rollout:
         """These rows, in this order."""

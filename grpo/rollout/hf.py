@@ -9,7 +9,9 @@ the pad and EOS ids are (SPEC 11, item 4).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -78,8 +80,18 @@ class HFGenerator:
         seeds = prompt_seeds(seeds, len(prompts))
         limits = prompt_limits(limits, sampling, len(prompts))
         b = self.max_batch_prompts
-        parts = [self._generate(prompts[i:i + b], sampling, seeds[i:i + b], limits[i:i + b])
-                 for i in range(0, len(prompts), b)]
+        parts = []
+        for start in itertools.count(0, b):
+            # batch by batch; with several processes every one runs as many batches as the one with the most
+            # prompts (a multi-turn environment's later turns differ in size), since each decoding step asks
+            # `all_finished`, a collective
+            if self.all_finished(start >= len(prompts)):
+                break
+            if start >= len(prompts):
+                self._generate(prompts[:1], replace(sampling, n=1), seeds[:1], [1])
+                continue
+            parts.append(self._generate(prompts[start:start + b], sampling, seeds[start:start + b],
+                                        limits[start:start + b]))
         return parts[0] if len(parts) == 1 else concat_rollouts(parts, self.pad_id)
 
     def _generate(self, prompts: list, sampling: Sampling, seeds: Sequence[int], limits: list[int]) -> Rollout:

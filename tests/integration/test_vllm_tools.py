@@ -35,7 +35,7 @@ def setup():
 
 def test_greedy_episodes_are_the_same_on_both_backends(setup):
     cfg, model, tok, engine = setup
-    env = build_environment(tok, cfg, model)
+    env = build_environment(model, tok, cfg)
     examples = load_builtin_task("products").eval[:16]
     greedy = Sampling(1, cfg.rollout.max_new_tokens, temperature=0.0)
     a = env.rollout(HFGenerator(model, tok, add_special_tokens=False), examples, greedy, seeds=list(range(16)))
@@ -47,7 +47,7 @@ def test_greedy_episodes_are_the_same_on_both_backends(setup):
 
 def test_engine_log_probs_cover_the_models_tokens_only(setup):
     cfg, model, tok, engine = setup
-    env = build_environment(tok, cfg, model)
+    env = build_environment(model, tok, cfg)
     examples = load_builtin_task("products").eval[:8]
     r = env.rollout(engine, examples, Sampling(8, cfg.rollout.max_new_tokens, temperature=1.0),
                     seeds=list(range(8)))

@@ -90,6 +90,17 @@ def test_file_errors(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["lora.rank=4", "compute.sharding=fsdp"], "lora.rank > 0 with compute.sharding=fsdp is not supported"),
     (["rewards=[overlong]", "overlong_buffer=33"], "overlong_buffer=33 is larger than rollout.max_new_tokens=32"),
+    (["rollout.environment=tools"], "rollout.environment=tools renders episodes with the chat template"),
+    (["rollout.environment=tools", "model.chat_template=true", "tools.names=[]"], "tools.names is empty"),
+    (["rollout.environment=tools", "model.chat_template=true", "tools.parser=xml"],
+     "tools.parser='xml' is not a tool-call parser; choose one of 'qwen', 'pythonic'"),
+    (["rollout.environment=tools", "model.chat_template=true", "tools.names=[nope]"], "unknown tool 'nope'"),
+    (["rollout.environment=tools", "model.chat_template=true", "tools.names=[python]", "tools.timeout_s=5"],
+     "sandbox.timeout_s=5 must be less than tools.timeout_s=5"),
+    (["rollout.environment=tools", "model.chat_template=true", "rewards=[final_number, overlong]"],
+     "the overlong reward counts one completion's tokens"),
+    (["rollout.environment=nope"], "rollout.environment='nope' is not an environment; choose one of 'single_turn', "
+                                   "'tools'"),
 ])
 def test_cross_field_rules_are_checked_at_load(overrides, message):
     with pytest.raises(ConfigError, match=message):

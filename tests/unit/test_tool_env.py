@@ -52,7 +52,7 @@ class ScriptedTurns:
 
 
 def env(max_turns=4, max_tokens=0, context=128, tools=("calculator",)) -> ToolEnvironment:
-    return ToolEnvironment(TOK, load_tools(list(tools)), "pythonic", eos_ids=[EOS], pad_id=TOK.pad_token_id,
+    return ToolEnvironment(TOK, load_tools(list(tools)), "pythonic", pad_id=TOK.pad_token_id,
                            context=context, max_turns=max_turns, max_tokens=max_tokens)
 
 
@@ -105,7 +105,7 @@ def test_qwen_style_calls_and_the_text_after_eos():
     tok.add_tokens(["<tool_call>", "</tool_call>"])  # single tokens, not special: they stay in the text
     tok.eos_token = "<|im_end|>"
     tok.chat_template = HERMES
-    e = ToolEnvironment(tok, load_tools(["calculator"]), "qwen", eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id,
+    e = ToolEnvironment(tok, load_tools(["calculator"]), "qwen", pad_id=tok.pad_token_id,
                         context=1024)
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 * 3"}}\n</tool_call>'
     r = e.rollout(ScriptedTurns([call, "6"], tok), [EXAMPLE], Sampling(1, 200), seeds=[0])
@@ -118,6 +118,48 @@ def test_qwen_style_calls_and_the_text_after_eos():
     assert (ep.tool_calls, ep.tool_errors, ep.stop) == (1, 0, "done")
     assert ep.messages[2] == {"role": "tool", "name": "calculator", "content": "6"}
     assert r.texts[0] == call + "\nuser\n<tool_response>\n6\n</tool_response>\nassistant\n6"
+
+
+def test_a_template_that_rewrites_assistant_turns_changes_nothing():
+    """Templates that strip an assistant message's whitespace or give the last one an empty think block (as
+    Llama's and Qwen3's do) render turns unlike what the model wrote; the inserted tokens are the same."""
+    tok = build_tool_tokenizer()
+    tok.chat_template = (
+        "{%- if tools %}<|system|>tools:{% for t in tools %} {{ t.function.name }}{% endfor %}<|endoftext|>"
+        "{% endif -%}{%- for m in messages %}<|{{ m.role }}|>{% if m.role == 'assistant' and loop.last %}<think>"
+        "</think>{% endif %}{{ m.content | trim }}<|endoftext|>{% endfor -%}"
+        "{%- if add_generation_prompt %}<|assistant|>{% endif -%}")
+    e = ToolEnvironment(tok, load_tools(["calculator"]), "pythonic", pad_id=tok.pad_token_id, context=256)
+    r = e.rollout(ScriptedTurns(["  " + CALL1 + " ", ANSWER], tok), [EXAMPLE], Sampling(1, 48), seeds=[0])
+    first = ids("  " + CALL1 + " ") + [EOS]
+    inserted = ids("<|tool|>6<|endoftext|><|assistant|>")
+    assert r.completion_ids[0].tolist() == first + inserted + ids(ANSWER) + [EOS]
+    assert r.episodes[0].stop == "done"
+
+
+def test_the_per_turn_reward_of_the_docs():
+    """docs/tools.md's `failed_calls`: one step per model turn, ending at its turn, minus its failed calls."""
+    def failed_calls(prompts, completions, messages, turn_ends, **_):
+        out = []
+        for msgs, ends in zip(messages, turn_ends):
+            failed = []
+            for m in msgs[1:]:
+                if m["role"] == "assistant":
+                    failed.append(0)
+                elif m["role"] == "tool":
+                    failed[-1] += m["content"].startswith("error:")
+            out.append([(end, -float(bad)) for end, bad in zip(ends, failed)])
+        return out
+
+    from grpo.envs.base import episode_fields
+    from grpo.rewards import score
+
+    script = [CALL1, '[calculator(expression=3), calculator(expression="1 + 1")]', CALL2, ANSWER]
+    r = env(max_turns=3, context=1024).rollout(ScriptedTurns(script), [EXAMPLE], Sampling(1, 64), seeds=[0])
+    assert r.episodes[0].stop == "max_turns"  # the third turn's call was not run
+    scores = score([failed_calls], None, [EXAMPLE.prompt], r.texts, {"answer": ["7"], **episode_fields(r)})
+    ends = r.episodes[0].turn_ends
+    assert scores.steps == [[(ends[0], 0.0), (ends[1], -1.0), (ends[2], 0.0)]]
 
 
 def test_a_turn_continues_from_the_episodes_exact_tokens():
@@ -232,12 +274,40 @@ def not_text(x: str) -> str:
 
 def test_a_tool_that_raises_or_hangs_gives_an_error_result_and_one_that_returns_no_string_stops():
     tools = {"raises": Tool(raises), "hangs": Tool(hangs, timeout_s=0.5), "not_text": Tool(not_text)}
-    e = ToolEnvironment(TOK, tools, "pythonic", eos_ids=[EOS], pad_id=TOK.pad_token_id, context=128)
+    e = ToolEnvironment(TOK, tools, "pythonic", pad_id=TOK.pad_token_id, context=128)
     r = e.rollout(ScriptedTurns(['[raises(x="a")]', '[hangs(x="a")]', ANSWER]), [EXAMPLE], Sampling(1, 48), [0])
     results = [m["content"] for m in r.episodes[0].messages if m["role"] == "tool"]
     assert results == ["error: RuntimeError: broken tool", "error: hangs did not finish within 0.5 s"]
     with pytest.raises(DataError, match="tool 'not_text' returned int, not a string"):
         e.rollout(ScriptedTurns(['[not_text(x="a")]', ANSWER]), [EXAMPLE], Sampling(1, 48), [0])
+
+
+HOSTILE = ["while True: pass", "import os\nwhile True: os.fork()", "x = bytearray(10**10)",
+           "open({canary!r}, 'w').write('gone')", "print(open({canary!r}).read())",
+           "import socket; socket.create_connection(('127.0.0.1', 9))", "import os, signal; os.kill(os.getppid(), 9)"]
+
+
+def test_hostile_python_calls_fail_and_the_episode_goes_on(tmp_path):
+    """The model's python calls that loop, fork, allocate, write or read the run's files, open a socket or signal
+    the trainer each come back as a failed execution; the episode continues and nothing here is touched."""
+    from grpo.sandbox import Limits
+    from grpo.tools import python_tool
+
+    canary = tmp_path / "run-file.txt"
+    canary.write_text("the run's data")
+    tools = {"python": Tool(python_tool(Limits(timeout_s=2.0, cpu_s=2, memory_mb=256)), timeout_s=10.0)}
+    calls = [f"[python(code={code.format(canary=str(canary))!r})]" for code in HOSTILE]
+    e = ToolEnvironment(TOK, tools, "pythonic", pad_id=TOK.pad_token_id, context=4096,
+                        max_turns=len(calls) + 1)
+    r = e.rollout(ScriptedTurns(calls + [ANSWER]), [EXAMPLE], Sampling(1, 200), [0])
+    ep = r.episodes[0]
+    assert (ep.turns, ep.tool_calls, ep.stop) == (len(calls) + 1, len(calls), "done")
+    results = [m["content"] for m in ep.messages if m["role"] == "tool"]
+    assert all("[" in res and "]" in res for res in results), results  # each ends with why it failed
+    assert "timed out" in results[0] and "memory limit" in results[2]
+    assert all("[blocked: " in results[i] for i in (1, 3, 4, 5, 6)), results
+    assert not any("the run's data" in res for res in results)
+    assert canary.read_text() == "the run's data"
 
 
 def test_a_chat_template_without_tool_support_is_refused_at_load():

@@ -1,5 +1,7 @@
 """Tool calls (grpo/tools.py): the parsers on good and malformed calls, unknown tools, argument checks against the
 schema, the calculator, and tools given by name."""
+from typing import Literal, Optional
+
 import pytest
 
 from grpo.errors import ConfigError
@@ -77,6 +79,40 @@ def test_json_types_are_checked_from_the_schema():
     assert "must be of type integer, not bool" in tool({"n": True, "x": 2, "flag": True, "items": []}).content
     assert "must be of type integer, not float" in tool({"n": 1.5, "x": 2, "flag": True, "items": []}).content
     assert "must be of type boolean" in tool({"n": 1, "x": 2, "flag": 1, "items": []}).content
+
+
+def choose(mode: Literal["fast", "exact"], limit: Optional[int] = None) -> str:
+    """Pick.
+
+    Args:
+        mode: how
+        limit: at most this many
+    """
+    return f"{mode} {limit}"
+
+
+def no_return_type(x: str):
+    """Echo.
+
+    Args:
+        x: anything
+    """
+    return x
+
+
+def test_optional_and_literal_arguments_and_the_return_type():
+    tool = Tool(choose)
+    assert tool({"mode": "fast", "limit": None}).content == "fast None"
+    assert "must be one of 'fast', 'exact', not 'zzz'" in tool({"mode": "zzz"}).content
+    with pytest.raises(ConfigError, match="must be annotated to return str"):
+        Tool(no_return_type)
+
+
+def test_odd_text_never_crashes_a_parser():
+    assert "not valid JSON (RecursionError)" in parse_qwen("<tool_call>" + "[" * 5000 + "</tool_call>")[0].error
+    for text in ("[f(x=" + "-" * 500 + "1)]", "[f(x=" + "-" * 100_000 + "1)]", "[f(x=" + "(" * 300 + ")]", "[f(\0)]"):
+        calls = parse_pythonic(text)
+        assert len(calls) == 1 and calls[0].error
 
 
 def test_calculator():
