@@ -284,8 +284,8 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     rewards: list[str] = opt(["last_number"], "Reward functions: built-in names (exact_match, last_number, math, "
-                                              "format, overlong, arithmetic_steps) or 'module:function'; the "
-                                              "total reward is their weighted sum.")
+                                              "format, overlong, arithmetic_steps, final_number, code) or "
+                                              "'module:function'; the total reward is their weighted sum.")
     reward_weights: list[float] | None = opt(None, "One weight per reward function; none means all 1.")
     overlong_buffer: int = opt(0, "L_cache of the overlong reward (DAPO eq. 13), in tokens: the penalty ramps "
                                   "from 0 to -1 over the last this-many tokens before rollout.max_new_tokens; 0 "

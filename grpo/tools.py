@@ -114,7 +114,8 @@ def parse_pythonic(text: str) -> list[ToolCall]:
                 return [_pythonic_call(e) for e in node.elts]
         except (SyntaxError, ValueError, RecursionError, MemoryError):  # deep nesting, a null byte, ...
             continue
-    return [ToolCall("", error=f"error: the tool call is not a list of calls name(arg=value): {text[start:start + 200]}")]
+    head = text[start:start + 200]
+    return [ToolCall("", error=f"error: the tool call is not a list of calls name(arg=value): {head}")]
 
 
 def _pythonic_call(node: ast.Call) -> ToolCall:

@@ -193,7 +193,8 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                           cfg.train.seed, scale=a.scale, std=a.std, eps=a.eps, mask_truncated=a.mask_truncated,
                           dynamic_sampling=a.dynamic_sampling, max_sampling_rounds=a.max_sampling_rounds)
     learner = Learner(trainable, reference, optimizer, cfg.rollout.temperature, m.logprob_chunk_size,
-                      c.micro_batch_size, c.micro_batch_tokens, max_episode_tokens(cfg, policy), cfg.optim.max_grad_norm,
+                      c.micro_batch_size, c.micro_batch_tokens, max_episode_tokens(cfg, policy),
+                      cfg.optim.max_grad_norm,
                       beta=a.beta, kl_kind=a.kl_kind, clip_low=a.clip_low, clip_high=a.clip_high,
                       ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations,
                       correction=a.sampler_correction, correction_cap=a.sampler_correction_cap,

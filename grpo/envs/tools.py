@@ -189,8 +189,8 @@ class ToolEnvironment:
         at the turn limit); else the calls run and their results are appended (not trained)."""
         calls = self._calls(content)
         if calls:
-            ep.messages[-1]["tool_calls"] = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                                             for c in calls if not c.error]
+            ep.messages[-1]["tool_calls"] = [
+                {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls if not c.error]
         if not calls:
             ep.stop = "done"
             return

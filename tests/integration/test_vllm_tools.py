@@ -1,5 +1,5 @@
-"""The tool environment on the vLLM backend: the same environment code, the same greedy episodes as the in-process
-generator, the engine's log-probs on the model's tokens only, and a training run."""
+"""The tool environment on the vLLM backend: the same environment code, the same greedy multi-turn episodes as the
+in-process generator, the engine's log-probs on the model's tokens only, and a training run."""
 import json
 from pathlib import Path
 
@@ -23,10 +23,15 @@ VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gib=0.25"]
 
 
 @pytest.fixture(scope="module")
-def setup():
+def setup(tmp_path_factory):
+    """The tiny-tools model after 15 steps of the tool job (hf), which then calls its calculator greedily, and a
+    vLLM engine holding it."""
     from grpo.rollout.vllm_engine import VLLMGenerator
 
-    cfg = load_config(JOB, VLLM)
+    out = tmp_path_factory.mktemp("trained")
+    train(load_config(JOB, [f"train.output_dir={out}", "train.steps=15", "eval.every=0", "eval.size=8",
+                            "eval.pass_k=0", "log.progress=false", "log.tensorboard=false", "log.chart=false"]))
+    cfg = load_config(JOB, [*VLLM, f"model.path={out / 'model'}"])
     model, tok = load_model(cfg.model)
     engine = VLLMGenerator(model, tok, vllm_cfg=cfg.vllm, seed=0, add_special_tokens=False)
     yield cfg, model, tok, engine
@@ -40,6 +45,7 @@ def test_greedy_episodes_are_the_same_on_both_backends(setup):
     greedy = Sampling(1, cfg.rollout.max_new_tokens, temperature=0.0)
     a = env.rollout(HFGenerator(model, tok, add_special_tokens=False), examples, greedy, seeds=list(range(16)))
     b = env.rollout(engine, examples, greedy, seeds=list(range(16)))
+    assert sum(e.tool_calls for e in a.episodes) >= 8  # most episodes call the calculator, then answer
     assert a.texts == b.texts
     assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.loss_mask, b.loss_mask)
     assert [e.stop for e in a.episodes] == [e.stop for e in b.episodes]

@@ -118,3 +118,17 @@ def test_a_process_reward_cannot_judge_evaluation():
         _correct(arithmetic_steps, [Example("Calculate 2 + 2 * 6 =", "14", {"task": "arithmetic",
                                                                             "operands": [2, 2, 6], "ops": ["+", "*"]})],
                  [" 2 * 6 = 12, 2 + 12 = 14"], 1)
+
+
+def test_final_number_scores_the_models_last_message():
+    from grpo.rewards import final_number
+
+    call = {"role": "assistant", "content": '[calculator(expression="12 * 34")]',
+            "tool_calls": [{"type": "function", "function": {"name": "calculator", "arguments": {}}}]}
+    result = {"role": "tool", "name": "calculator", "content": "408"}
+    episodes = [[{"role": "user", "content": "q"}, call, result, {"role": "assistant", "content": "It is 408"}],
+                [{"role": "user", "content": "q"}, call, result],          # ends on the tool's number
+                [{"role": "user", "content": "q"}, {"role": "assistant", "content": "409"}],
+                [{"role": "user", "content": "q"}, call]]                  # ends on a call
+    assert final_number(["q"] * 4, ["x"] * 4, ["408"] * 4, messages=episodes) == [1.0, 0.0, 0.0, 0.0]
+    assert final_number(["q"], ["so 408"], ["408"]) == [1.0]  # single turns: last_number
