@@ -4,12 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from grpo.envs.base import Episode
 
 
 @dataclass(frozen=True)
@@ -45,8 +42,9 @@ class Rollout:
     # (N, T) float32 log-probs the sampling engine reported for the tokens it sampled, 0 on padding; None when
     # the sampler is the trainer's own forward (the in-process generator), whose log-probs the trainer computes
     sampler_logp: torch.Tensor | None = None
-    # one `Episode` per row from a multi-turn environment; None for single completions
-    episodes: list[Episode] | None = None
+    # one `grpo.envs.base.Episode` per row from a multi-turn environment (what it recorded: messages, turn ends,
+    # calls, why it ended); None for single completions
+    episodes: list | None = None
 
     def __post_init__(self):
         n, t = self.completion_ids.shape
