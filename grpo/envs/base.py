@@ -13,9 +13,12 @@ one `Rollout` of N = examples × n episodes, example by example, in which:
   before its EOS (`skip_special_tokens=True`), since process rewards' character offsets are mapped back to
   tokens through it;
 - `truncated` marks episodes cut off by a length limit; every other episode ends with an EOS token, its last;
-- `sampler_logp`, if the generator reported log-probs, covers the model's tokens (0 elsewhere).
+- `sampler_logp`, if the generator reported log-probs, covers the model's tokens (0 elsewhere);
+- `episodes`, from a multi-turn environment, one `Episode` per row (what it recorded: messages, turn ends,
+  calls, why it ended), which reaches the rewards through `episode_fields` and the metrics as `episode/*`.
 An episode's randomness must come from its example's seed alone (not from the batch it shares), so that runs
-are the same for any number of processes and after a resume.
+are the same for any number of processes and after a resume; and every process must make the same number of
+generator calls (decoding steps can be collective).
 
 Environments are named in `grpo.envs.ENVIRONMENTS` and chosen by `rollout.environment`.
 """

@@ -8,12 +8,13 @@ header). The model's tokens have loss mask 1; the inserted ones 0, so their log-
 the KL or the normaliser (`Rollout.loss_mask`). A turn continues from the episode's exact token ids: nothing
 the model wrote is ever re-tokenized.
 
-The inserted text is the difference the chat template makes: the history rendered with the tool messages and
-the generation prompt, minus the history rendered alone (with the model's turn as an assistant message), plus
-whatever the template writes after a turn's EOS (Qwen's newline). A template that does not render history the
-same way twice (one that rewrites earlier turns) is refused with one line.
+The inserted text is what the chat template writes after an assistant turn: the history, a placeholder for the
+model's turn, the tool messages and the generation prompt are rendered, and the text after the placeholder is
+inserted (without the EOS the model wrote itself; Qwen's newline after it is the template's). So a template
+that rewrites assistant turns (trims them, strips or adds think blocks) changes nothing here.
+`check_tool_template` refuses, at load, one that cannot hold a tool conversation.
 
-Limits, each recorded as the episode's stop reason (`grpo.rollout.base.STOP_REASONS`):
+Limits, each recorded as the episode's stop reason (`grpo.envs.base.STOP_REASONS`):
 - `tools.max_turns` model turns; a last turn that still calls a tool ends the episode (`max_turns`);
 - `rollout.max_new_tokens` tokens per turn; a turn without EOS by then ends it, truncated (`turn_length`);
 - `tools.max_tokens` tokens in the whole episode after the prompt (`max_tokens`), and the model's context,
@@ -35,13 +36,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from grpo.envs.base import Episode
 from grpo.errors import DataError
 from grpo.rollout import Generator, Rollout, Sampling
-from grpo.envs.base import Episode
 from grpo.rollout.base import prompt_seeds
 from grpo.tasks.base import Example
 from grpo.tools import TOOL_PARSERS, Tool, ToolCall, call_tools
-
 
 PLACEHOLDER = "grpo-assistant-turn-7c1f"  # stands for a model turn when the template renders what follows it
 
@@ -73,6 +73,8 @@ class _Episode:
 
 
 class ToolEnvironment:
+    """Episodes in which the model calls `tools` in its chat template's format (see the module docstring)."""
+
     def __init__(self, tokenizer, tools: dict[str, Tool], parser: str, *, pad_id: int,
                  context: int, max_turns: int = 4, max_tokens: int = 0, system_prompt: str = "",
                  all_finished: Callable[[bool], bool] | None = None):
