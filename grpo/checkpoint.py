@@ -112,7 +112,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rn
     files = {}
     for name in FILES:
         _fsync(tmp / name)
-        files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": _sha256(tmp / name)}
+        files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
     _fsync(tmp / MARKER)
     _fsync(tmp)
@@ -141,7 +141,8 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -165,7 +166,7 @@ def verify(ckpt: Path) -> str | None:
         p = ckpt / name
         if name not in files or not p.is_file():
             return f"{name} is missing"
-        if p.stat().st_size != files[name]["bytes"] or _sha256(p) != files[name]["sha256"]:
+        if p.stat().st_size != files[name]["bytes"] or sha256_file(p) != files[name]["sha256"]:
             return f"{name} does not match its recorded size and checksum"
     return None
 

@@ -164,12 +164,9 @@ def _everyone(mine: _Scored, dist: Dist, pad_id: int) -> _Scored:
 
 def _map(s: _Scored, fn) -> _Scored:
     """`s` with `fn` applied to every tensor in it."""
-    f = lambda x: None if x is None else fn(x)  # noqa: E731
-    r, sc = s.rollout, s.scores
-    rollout = Rollout(f(r.prompt_ids), f(r.prompt_mask), f(r.completion_ids), f(r.completion_mask), f(r.truncated),
-                      r.texts, f(r.loss_mask), f(r.sampler_logp), r.episodes)
-    scores = Scores(f(sc.total), {k: f(v) for k, v in sc.per_fn.items()}, f(sc.outcome), sc.steps)
-    return _Scored(rollout, s.examples, scores, f(s.step_ends), f(s.step_rewards))
+    sc = s.scores
+    scores = Scores(fn(sc.total), {k: fn(v) for k, v in sc.per_fn.items()}, fn(sc.outcome), sc.steps)
+    return _Scored(s.rollout.map(fn), s.examples, scores, fn(s.step_ends), fn(s.step_rewards))
 
 
 def _informative(c: Collector, s: _Scored) -> torch.Tensor:

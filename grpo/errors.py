@@ -11,3 +11,18 @@ class ConfigError(GRPOError):
 
 class DataError(GRPOError):
     """A model, data set or reward function cannot be used as given."""
+
+
+def import_callable(name: str, *, field: str, what: str):
+    """The callable a config names as 'module:function' (a reward, a tool); a ConfigError that names the config
+    `field` when it cannot be imported or is not callable."""
+    import importlib
+
+    module, _, attr = name.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{field}: cannot import {what} {name!r}: {e}") from None
+    if not callable(fn):
+        raise ConfigError(f"{field}: {name!r} is not callable")
+    return fn

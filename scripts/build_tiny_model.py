@@ -69,6 +69,32 @@ def mixture(generator, examples, k: int, max_new_tokens: int) -> dict[str, float
     return {"right_order": right / n, "wrong_order": wrong / n, "other": 1 - (right + wrong) / n}
 
 
+def warm_start(model, make_batch, *, steps: int, lr: float, warmup: int) -> float:
+    """Supervised fine-tuning: `steps` AdamW steps on `make_batch(step)` -> (ids, mask, labels) under bfloat16
+    autocast, linear warm-up then cosine decay to 5 %, gradients clipped at 1. Returns the seconds it took."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.1)
+
+    def factor(step: int) -> float:  # linear warm-up, cosine decay to 5 %
+        progress = min(1.0, step / steps)
+        return min(1.0, (step + 1) / warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    start = time.time()
+    model.train()
+    for step in range(1, steps + 1):
+        ids, mask, labels = make_batch(step)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        if step % 100 == 0:
+            print(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
+    return time.time() - start
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=TINY_MODEL_DIR)
@@ -97,27 +123,8 @@ def main() -> None:
     task = load_builtin_task("mixed", args.seed)
     print(f"{params:,} parameters; {len(task.train)} training problems, {len(task.eval)} held out", flush=True)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.1)
-
-    def factor(step: int) -> float:  # linear warm-up, cosine decay to 5 %
-        progress = min(1.0, step / args.steps)
-        return min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    start = time.time()
-    model.train()
-    for step in range(1, args.steps + 1):
-        ids, mask, labels = batch(tok, task.train, rng, args.batch_size, args.p_correct)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        if step % 100 == 0:
-            print(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
-    sft_seconds = time.time() - start
+    sft_seconds = warm_start(model, lambda step: batch(tok, task.train, rng, args.batch_size, args.p_correct),
+                             steps=args.steps, lr=args.lr, warmup=args.warmup)
 
     model.eval()
     generator = HFGenerator(model, tok)

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,6 +31,7 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from build_tiny_model import warm_start  # noqa: E402  (this directory is on sys.path)
 from grpo.envs.tools import ToolEnvironment  # noqa: E402
 from grpo.evaluation import evaluate  # noqa: E402
 from grpo.rewards import final_number  # noqa: E402
@@ -114,28 +113,11 @@ def main() -> None:
     schemas = [t.schema for t in tools.values()]
     print(f"{params:,} parameters; {len(task.train)} training problems, {len(task.eval)} held out", flush=True)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.1)
-
-    def factor(step: int) -> float:  # linear warm-up, cosine decay to 5 %
-        progress = min(1.0, step / args.steps)
-        return min(1.0, (step + 1) / args.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
-    start = time.time()
-    model.train()
-    for step in range(1, args.steps + 1):
+    def make_batch(step: int):
         p_tool = args.p_tool_early if step <= args.early_frac * args.steps else args.p_tool
-        ids, mask, labels = batch(tok, schemas, task.train, rng, args.batch_size, p_tool)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        sched.step()
-        if step % 100 == 0:
-            print(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:.0f}s", flush=True)
-    sft_seconds = time.time() - start
+        return batch(tok, schemas, task.train, rng, args.batch_size, p_tool)
+
+    sft_seconds = warm_start(model, make_batch, steps=args.steps, lr=args.lr, warmup=args.warmup)
 
     model.eval()
     generator = HFGenerator(model, tok, add_special_tokens=False)

@@ -12,7 +12,6 @@ One function returns floats or step lists, not both. Built-ins are named in `REW
 """
 from __future__ import annotations
 
-import importlib
 import math as _math  # grpo.rewards.math_answers (a submodule) would shadow a plain "math"
 import re
 from collections.abc import Callable, Sequence
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.errors import ConfigError, DataError
+from grpo.errors import ConfigError, DataError, import_callable
 
 RewardFn = Callable[..., list]
 
@@ -153,14 +152,7 @@ def resolve_reward(name: str, *, field: str = "rewards") -> RewardFn:
     if ":" not in name:
         raise ConfigError(f"{field}: unknown reward {name!r}; built-in rewards are {', '.join(REWARDS)}, "
                           "or give an importable 'module:function'")
-    module, _, attr = name.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"{field}: cannot import reward {name!r}: {e}") from None
-    if not callable(fn):
-        raise ConfigError(f"{field}: {name!r} is not callable")
-    return fn
+    return import_callable(name, field=field, what="reward")
 
 
 def reward_name(fn: RewardFn) -> str:

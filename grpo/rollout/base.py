@@ -68,11 +68,15 @@ class Rollout:
     def lengths(self) -> torch.Tensor:  # (N,) tokens per completion, EOS included
         return self.completion_mask.sum(1)
 
-    def to(self, device) -> Rollout:
-        """The same rollout with its tensors on `device`."""
-        f = lambda x: None if x is None else x.to(device)  # noqa: E731
+    def map(self, fn) -> Rollout:
+        """The same rollout with `fn` applied to each of its tensors (None stays None)."""
+        f = lambda x: None if x is None else fn(x)  # noqa: E731
         return Rollout(f(self.prompt_ids), f(self.prompt_mask), f(self.completion_ids), f(self.completion_mask),
                        f(self.truncated), self.texts, f(self.loss_mask), f(self.sampler_logp), self.episodes)
+
+    def to(self, device) -> Rollout:
+        """The same rollout with its tensors on `device`."""
+        return self.map(lambda x: x.to(device))
 
     def select(self, rows: Sequence[int]) -> Rollout:
         """These rows, in this order."""

@@ -30,7 +30,7 @@ def test_without_the_network_a_clear_error(cache, monkeypatch):
 def test_a_failed_conversion_leaves_no_cache(cache, monkeypatch, tmp_path):
     gguf = tmp_path / "model.gguf"
     gguf.write_bytes(b"GGUF not really")
-    fake = packaged.PackagedModel("fake", "1", "model.gguf", packaged._sha256(gguf))
+    fake = packaged.PackagedModel("fake", "1", "model.gguf", packaged.sha256_file(gguf))
     monkeypatch.setitem(packaged.PACKAGED, "fake", fake)
     monkeypatch.setattr(packaged, "_locate", lambda spec: gguf)
 
