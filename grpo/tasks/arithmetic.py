@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass
 
 from grpo.tasks.base import Example, in_held_out
+from grpo.tasks.stories import story_examples
 
 HELD_OUT_FRACTION = 0.2
 OPS = ("+", "-", "*")
@@ -112,7 +113,7 @@ def _split(examples: list[Example]) -> tuple[list[Example], list[Example]]:
     return train, held
 
 
-BUILTIN_TASKS = ("arithmetic", "linear", "mixed", "products")
+BUILTIN_TASKS = ("arithmetic", "linear", "mixed", "products", "stories")
 
 
 def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
@@ -121,7 +122,8 @@ def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
     if name not in BUILTIN_TASKS:
         raise ValueError(f"unknown built-in task {name!r}; choose one of {', '.join(BUILTIN_TASKS)}")
     parts = {"arithmetic": [arithmetic_examples], "linear": [linear_examples],
-             "mixed": [arithmetic_examples, linear_examples], "products": [product_examples]}[name]
+             "mixed": [arithmetic_examples, linear_examples], "products": [product_examples],
+             "stories": [story_examples]}[name]
     parts = [make() for make in parts]
     train, held = [], []
     for examples in parts:

@@ -99,3 +99,57 @@ def test_prompts_without_tokens_are_refused_clearly():
     for lean in (True, False):
         with pytest.raises(ValueError, match="no tokens"):
             HFGenerator(model, tok, lean=lean).generate([""], Sampling(n=2, max_new_tokens=3, temperature=0.0))
+
+
+def _lora(model, **extra):
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                                   **extra))
+    with torch.no_grad():  # a non-zero adapter: B starts at zero
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    return lora.eval()
+
+
+@pytest.mark.parametrize("bf16", [False, True])
+def test_lora_models_decode_from_merged_weights(bf16):
+    from grpo.rollout.lean import merged_lora
+    model, tok = build("llama", attention_bias=True)
+    lora = _lora(model)
+    before = {k: v.clone() for k, v in lora.state_dict().items()}
+    view = merged_lora(lora)
+    assert supported(view) and view is not lora.get_base_model()
+    assert {k: v for k, v in lora.state_dict().items()}.keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in lora.state_dict().items())  # the policy itself is untouched
+    assert view.model.embed_tokens is lora.get_base_model().model.embed_tokens  # shared, not copied
+    enc = tok(PROMPTS, return_tensors="pt", padding=True, padding_side="left")
+    tol = dict(atol=3e-2, rtol=0) if bf16 else dict(atol=1e-5, rtol=1e-5)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        pos = (enc["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+        out = lora(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], position_ids=pos)
+        _, first = LeanDecoding.prefill(lora, enc["input_ids"], enc["attention_mask"], 1, 4)
+        torch.testing.assert_close(first, out.logits[:, -1], **tol)
+        # the adapter matters: without it the logits differ
+        with lora.disable_adapter():
+            plain = lora(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], position_ids=pos)
+        assert (plain.logits[:, -1] - out.logits[:, -1]).abs().max() > 1e-2
+    s = Sampling(n=3, max_new_tokens=9, temperature=1.0, min_new_tokens=2)
+    if not bf16:
+        lean = HFGenerator(lora, tok).generate(PROMPTS, s, seeds=[1, 2, 3])
+        slow = HFGenerator(lora, tok, lean=False).generate(PROMPTS, s, seeds=[1, 2, 3])
+        assert torch.equal(lean.completion_ids, slow.completion_ids) and lean.texts == slow.texts
+
+
+def test_lora_variants_the_merge_does_not_cover_decode_with_transformers():
+    from grpo.rollout.lean import merged_lora
+    model, tok = build("llama")
+    assert merged_lora(model) is None  # not a peft model
+    dora = _lora(model, use_dora=True)
+    assert merged_lora(dora) is None
+    lora = _lora(model)
+    with lora.disable_adapter():
+        assert merged_lora(lora) is None  # the reference: the base model's own forward
+    s = Sampling(n=2, max_new_tokens=5, temperature=0.0)
+    assert torch.equal(HFGenerator(dora, tok).generate(PROMPTS, s).completion_ids,
+                       HFGenerator(dora, tok, lean=False).generate(PROMPTS, s).completion_ids)
