@@ -41,7 +41,8 @@ bench-vllm: setup-vllm
 # each of our choices is worth, then the accuracy cost of bf16 autocast
 bench-trl: setup
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
-	$(BIN)/python benchmarks/vs_trl.py
+	$(BIN)/python benchmarks/vs_trl.py --cases 1m,8m,memory
+	$(BIN)/python benchmarks/vs_trl.py --cases smollm2 --out benchmarks/results/vs_trl_smollm2
 	$(BIN)/python benchmarks/ablations.py
 	$(BIN)/python benchmarks/bf16_accuracy.py
 

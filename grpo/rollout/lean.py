@@ -29,6 +29,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from grpo.models import lora_merged_weight
 from grpo.policy.lean import attention, completion_hidden, norm, rotate_half, supported
 
 
@@ -188,12 +189,8 @@ def _rebuild(module):
     from peft.tuners.lora import LoraLayer
     if isinstance(module, LoraLayer):
         linear = module.base_layer
-        weight = linear.weight.detach().clone()
-        for adapter in module.active_adapters:
-            if adapter in module.lora_A:
-                weight += module.get_delta_weight(adapter).to(weight.dtype)
         merged = torch.nn.Linear(linear.in_features, linear.out_features, bias=False, device="meta")
-        merged.weight = torch.nn.Parameter(weight, requires_grad=False)
+        merged.weight = torch.nn.Parameter(lora_merged_weight(module), requires_grad=False)
         merged.bias = linear.bias
         return merged
     children = {name: _rebuild(child) for name, child in module._modules.items() if child is not None}

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import DataError, GRPOError
+from grpo.models import lora_merged_weight
 from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_tokens
 
 INSTALL = "pip install -e '.[vllm]' (or: make setup-vllm)"
@@ -74,13 +75,7 @@ def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
                     continue
                 owner = name.rsplit(".", 2)[0] if ".base_layer." in name else None
                 if owner in layers and name.endswith(".base_layer.weight"):
-                    layer = layers[owner]
-                    w = p.detach().clone()
-                    adapters = set(layer.lora_A) | set(getattr(layer, "lora_embedding_A", {}))
-                    for adapter in layer.active_adapters:
-                        if adapter in adapters:  # W + ΔW, as the adapted layer computes it
-                            w += layer.get_delta_weight(adapter).to(w.dtype)
-                    p = w
+                    p = lora_merged_weight(layers[owner])  # W + ΔW, as the adapted layer computes it
                 name = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
             t = p.detach()
             if hasattr(t, "full_tensor"):  # FSDP2: every rank gathers the whole tensor

@@ -78,3 +78,30 @@ def test_cli_eval(cache):
                         "rollout.max_new_tokens=12"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["examples"] == 4
+
+
+def test_lora_with_bf16_autocast_trains_and_decodes_from_merged_weights(cache, tmp_path):
+    from grpo.rollout import HFGenerator, Sampling
+    from grpo.rollout.lean import merged_lora
+
+    out = tmp_path / "lora"
+    result = train(load_config(None, [*SMALL, "data.task=stories", "lora.rank=8", "train.lr=1e-3",
+                                      "model.autocast_bf16=true", "train.steps=2", f"train.output_dir={out}"]))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["grad_norm"] > 0 for r in rows if "loss" in r) and "eval/accuracy" in rows[-1]
+    adapter = load_file(out / "model" / "adapter_model.safetensors")
+    assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapter.items())  # it moved
+    # the trained policy decodes with the lean steps from its merged weights: the tokens of transformers' forward
+    import peft
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    base = AutoModelForCausalLM.from_pretrained(cache, dtype=torch.float32)
+    model, tok = peft.PeftModel.from_pretrained(base, out / "model").eval(), AutoTokenizer.from_pretrained(cache)
+    assert merged_lora(model) is not None
+    prompts = [tok.apply_chat_template([{"role": "user", "content": "Tom has 3 coins. He buys 4 more. How many "
+                                         "coins does Tom have now? Answer with a number."}], tokenize=False,
+                                       add_generation_prompt=True)]
+    s = Sampling(n=2, max_new_tokens=10, temperature=0.7)
+    lean = HFGenerator(model, tok, add_special_tokens=False).generate(prompts, s, seeds=[3])
+    slow = HFGenerator(model, tok, add_special_tokens=False, lean=False).generate(prompts, s, seeds=[3])
+    assert lean.texts == slow.texts
+    assert result.final_eval is not None
