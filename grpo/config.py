@@ -112,8 +112,9 @@ class RolloutConfig:
                                           "section; needs model.chat_template). max_new_tokens then limits each "
                                           "model turn.")
     lean_decoding: bool = opt(True, "Run the prefill and decoding steps of Llama, Qwen2 and Mistral models (full "
-                                    "attention, no LoRA or FSDP) with grpo's own loop over the model's weights: "
-                                    "the same logits as transformers' forward with less overhead per token. "
+                                    "attention, no FSDP; LoRA from merged weights) with grpo's own loop over the "
+                                    "model's weights: the same logits as transformers' forward with less "
+                                    "overhead per token. "
                                     "false: always transformers' forward.")
 
 
