@@ -99,17 +99,6 @@ def is_lora(model) -> bool:
     return hasattr(model, "disable_adapter") and hasattr(model, "peft_config")
 
 
-def lora_merged_weight(layer) -> torch.Tensor:
-    """W + ΔW of a peft LoRA layer's active adapters, as the adapted layer computes it: a new tensor (the layer
-    and its weights are not touched). For the vLLM engine's weights and the lean decoding's merged view."""
-    w = layer.base_layer.weight.detach().clone()
-    adapters = set(layer.lora_A) | set(getattr(layer, "lora_embedding_A", {}))
-    for adapter in layer.active_adapters:
-        if adapter in adapters:
-            w += layer.get_delta_weight(adapter).to(w.dtype)
-    return w
-
-
 def frozen_copy(model):
     """A frozen copy of the initial policy: the reference of the KL penalty (not used with LoRA)."""
     ref = copy.deepcopy(model)

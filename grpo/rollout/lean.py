@@ -29,8 +29,8 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from grpo.models import lora_merged_weight
 from grpo.policy.lean import attention, completion_hidden, norm, rotate_half, supported
+from grpo.policy.lora import lora_merged_weight
 
 
 class LeanDecoding:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from grpo.errors import DataError, GRPOError
-from grpo.models import lora_merged_weight
+from grpo.policy.lora import lora_merged_weight
 from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_tokens
 
 INSTALL = "pip install -e '.[vllm]' (or: make setup-vllm)"
