@@ -149,11 +149,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     return torch.matmul(w, v.unsqueeze(2)).reshape(b, heads, tq, d)
 
 
-def mlp(module, h: torch.Tensor) -> torch.Tensor:
-    """The gated MLP: down(act(gate(h)) * up(h))."""
-    gate = F.linear(h, module.gate_proj.weight, module.gate_proj.bias)
-    up = F.linear(h, module.up_proj.weight, module.up_proj.bias)
-    return F.linear(module.act_fn(gate) * up, module.down_proj.weight, module.down_proj.bias)
+def mlp(module, h: torch.Tensor, weights: tuple | None = None) -> torch.Tensor:
+    """The gated MLP: down(act(gate(h)) * up(h)). `weights`: (gate weight, gate bias, up weight, up bias, down
+    weight, down bias) to use instead of the module's own (the lean decoding steps' copies cast once per batch)."""
+    if weights is None:
+        weights = tuple(t for proj in (module.gate_proj, module.up_proj, module.down_proj)
+                        for t in (proj.weight, proj.bias))
+    gate_w, gate_b, up_w, up_b, down_w, down_b = weights
+    return F.linear(module.act_fn(F.linear(h, gate_w, gate_b)) * F.linear(h, up_w, up_b), down_w, down_b)
 
 
 def norm(module, x: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
-from grpo.policy.lean import attention, completion_hidden, norm, rotate_half, supported
+from grpo.policy.lean import attention, completion_hidden, mlp, norm, rotate_half, supported
 from grpo.policy.lora import lora_merged_weight
 
 
@@ -110,9 +110,7 @@ class LeanDecoding:
             cos, sin = base.rotary_emb(x.unsqueeze(1), self.positions.unsqueeze(1))
         for i, layer in enumerate(base.layers):
             x = x + self._attention(layer.self_attn, norm(layer.input_layernorm, x), cos, sin, i, at)
-            h = norm(layer.post_attention_layernorm, x)
-            gate_w, gate_b, up_w, up_b, down_w, down_b = self.mlps[i]
-            x = x + F.linear(layer.mlp.act_fn(F.linear(h, gate_w, gate_b)) * F.linear(h, up_w, up_b), down_w, down_b)
+            x = x + mlp(layer.mlp, norm(layer.post_attention_layernorm, x), self.mlps[i])
         self.length += 1
         self.positions = self.positions + 1
         return F.linear(norm(base.norm, x), *self.head)
@@ -156,9 +154,8 @@ def _fused_qkv(attn, device: str) -> tuple[torch.Tensor, torch.Tensor | None, in
     bias = None
     if any(p.bias is not None for p in projections):
         bias = torch.cat([p.bias if p.bias is not None else p.weight.new_zeros(p.out_features) for p in projections])
-    if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        weight, bias = weight.to(dtype), None if bias is None else bias.to(dtype)
+    cast = _autocast_cast(device)
+    weight, bias = cast(weight), cast(bias)
     d = attn.head_dim
     return weight, bias, attn.q_proj.out_features // d, attn.k_proj.out_features // d
 
@@ -170,10 +167,7 @@ def merged_lora(model):
     None for any other model."""
     if not (hasattr(model, "peft_config") and hasattr(model, "get_base_model")):
         return None
-    try:
-        from peft.tuners.lora import Linear as LoraLinear, LoraLayer
-    except ImportError:  # pragma: no cover - peft is a dependency
-        return None
+    from peft.tuners.lora import Linear as LoraLinear, LoraLayer
     base = model.get_base_model()
     layers = [m for m in base.modules() if isinstance(m, LoraLayer)]
     if not layers or any(type(m) is not LoraLinear or m.merged or m.disable_adapters or m.fan_in_fan_out
