@@ -48,7 +48,7 @@ def train_check(path: Path, params: int, out: Path) -> dict:
                              "data.task=arithmetic", f"train.steps={steps}", f"train.prompts_per_step={prompts}",
                              f"rollout.group_size={group}", f"rollout.max_new_tokens={length}",
                              f"rollout.min_new_tokens={length}", "eval.every=0", "eval.size=64", "eval.pass_k=0",
-                             "log.progress=false", "log.tensorboard=false", "log.chart=false",
+                             "log.progress=false", "log.trackers=[]", "log.chart=false",
                              f"train.output_dir={out}", "compute.micro_batch_size=64"])
     start = time.perf_counter()
     train(cfg, dist=Dist(0, 1, 0, "nccl"))

@@ -267,7 +267,13 @@ class EvalConfig:
 class LogConfig:
     samples_every: int = opt(10, "Write sample completions to samples.jsonl every this many steps; 0 never.", ge=0)
     samples_per_step: int = opt(2, "Groups (prompts) written each time samples are written.", ge=1)
-    tensorboard: bool = opt(True, "Also write TensorBoard event files to <output_dir>/tensorboard.")
+    trackers: list[Literal["tensorboard", "wandb", "trackio"]] = opt(
+        ["tensorboard"], "Where every step's metrics, the resolved config and the sample completions are also "
+                         "reported (besides metrics.jsonl): tensorboard (<output_dir>/tensorboard), wandb (Weights "
+                         "& Biases; the `wandb` extra), trackio (the `trackio` extra); [] for none. "
+                         "docs/tracking.md.")
+    project: str = opt("grpo", "Project of the wandb and trackio runs.")
+    run_name: str = opt("", "Name of the run in wandb and trackio; empty: the output directory's name.")
     progress: bool = opt(True, "Show a progress bar with the live figures.")
     chart: bool = opt(True, "Draw reward and held-out accuracy against step into <output_dir>/chart.png.")
 
@@ -412,6 +418,12 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.train.prompts_per_step % world:
         raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number "
                           f"of processes ({world})")
+    if len(set(cfg.log.trackers)) < len(cfg.log.trackers):
+        raise ConfigError(f"log.trackers={cfg.log.trackers} names a tracker twice; name each at most once")
+    for name in cfg.log.trackers:
+        if name != "tensorboard" and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"log.trackers names {name}, which is not installed; install it with pip install "
+                              f"'grpo[{name}]', or leave it out of log.trackers")
     if cfg.optim.warmup_steps >= cfg.train.steps:
         raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be less than train.steps="
                           f"{cfg.train.steps}")
@@ -466,10 +478,11 @@ def _hint(cls, name: str) -> Any:
 
 
 # keys that moved when TrainConfig was split by concern: an old config names them, and the error says where to
-MOVED = {f"train.{k}": f"{section}.{k}" for section, keys in {
+MOVED = {f"train.{k}": f"'{section}.{k}'" for section, keys in {
     "optim": ("lr_schedule", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm"),
     "compute": ("micro_batch_size", "micro_batch_tokens", "share_prompt", "lean_forward", "threads", "sharding"),
 }.items() for k in keys}
+MOVED["log.tensorboard"] = "log.trackers, a list (log.trackers=[] writes no TensorBoard events)"
 
 
 def _build(cls, data: Any, prefix: str):
@@ -483,7 +496,7 @@ def _build(cls, data: Any, prefix: str):
             close = difflib.get_close_matches(prefix + str(key), full, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             if prefix + str(key) in MOVED:
-                hint = f"; it is now {MOVED[prefix + str(key)]!r}"
+                hint = f"; it is now {MOVED[prefix + str(key)]}"
             raise ConfigError(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {where}: "
                               f"{', '.join(names)})")
     values = {}

@@ -1,10 +1,11 @@
-"""Run outputs: metrics.jsonl (one line per step), samples.jsonl, TensorBoard events, a progress bar with the
-live figures, and a PNG chart of reward and held-out accuracy against step; and the arithmetic of a step's
+"""Run outputs: metrics.jsonl (one line per step), samples.jsonl, the trackers (grpo/tracking.py), a progress bar
+with the live figures, and a PNG chart of reward and held-out accuracy against step; and the arithmetic of a step's
 figures (`step_metrics`, `sample_rows`)."""
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -12,6 +13,7 @@ import torch
 from grpo.config import LogConfig
 from grpo.distributed import Dist
 from grpo.experience import Experience
+from grpo.tracking import open_trackers
 
 BAR_FIELDS = {"reward/mean": "reward", "eval/accuracy": "acc", "kl": "kl", "completion/mean_length": "len",
               "perf/step_seconds": "s/step"}
@@ -19,49 +21,59 @@ BAR_FIELDS = {"reward/mean": "reward", "eval/accuracy": "acc", "kl": "kl", "comp
 
 class RunLogger:
     def __init__(self, out_dir: Path, cfg: LogConfig, total_steps: int, *, resume_step: int | None = None,
-                 enabled: bool = True):
+                 enabled: bool = True, config: dict | None = None, started: float | None = None):
         """`resume_step`: continue a run whose checkpoint is at that step; lines the earlier process logged
         after it are dropped, so the files read as if the run had never stopped. `enabled=False` (processes
-        other than the main one) writes nothing."""
+        other than the main one) writes nothing. `config`: the resolved config the trackers record.
+        `started`: the run's `time.perf_counter()` start, from which `perf/elapsed_seconds` counts (added to
+        the seconds of the run before a resume)."""
         from tqdm.auto import tqdm
 
         self.out_dir = out_dir
         self.cfg = cfg
         self.enabled = enabled
         self.history: list[dict] = []
+        self._started = time.perf_counter() if started is None else started
         if not enabled:
             return
+        logged_until, samples = 0, []
         if resume_step is not None:
-            self.history = _truncate(out_dir / "metrics.jsonl", resume_step)
-            _truncate(out_dir / "samples.jsonl", resume_step)
+            self.history, logged_until = _truncate(out_dir / "metrics.jsonl", resume_step)
+            samples, _ = _truncate(out_dir / "samples.jsonl", resume_step)
+        self._elapsed_before = next((r["perf/elapsed_seconds"] for r in reversed(self.history)
+                                     if "perf/elapsed_seconds" in r), 0.0)
         mode = "a" if resume_step is not None else "w"
         self._metrics = open(out_dir / "metrics.jsonl", mode)
         self._samples = open(out_dir / "samples.jsonl", mode)
-        self._tb = None
-        if cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            purge = None if resume_step is None else resume_step + 1
-            self._tb = SummaryWriter(str(out_dir / "tensorboard"), purge_step=purge)
+        self._trackers, earlier = open_trackers(cfg.trackers, out_dir, config=config or {}, project=cfg.project,
+                                                run_name=cfg.run_name, resume_step=resume_step)
+        # steps a tracker already has are not sent again; one new to this run first gets the history so far
+        self._skip = {}
+        for t in self._trackers:
+            if t.name in earlier:
+                self._skip[t.name] = resume_step if t.rewrites else max(logged_until, resume_step)
+            elif resume_step is not None:
+                _replay(t, self.history, samples)
+                self._skip[t.name] = resume_step
         self._last: dict[str, float] = {}
         for row in self.history:
             self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS})
         self.bar = tqdm(total=total_steps, initial=resume_step or 0, disable=not cfg.progress, dynamic_ncols=True,
                         desc="grpo", unit="step")
+        for t in self._trackers:
+            if t.where:
+                self.write(t.where)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
         row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        row["perf/elapsed_seconds"] = self._elapsed_before + time.perf_counter() - self._started
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
-        if self._tb is not None:
-            # one event per step holding every scalar: add_scalar writes an event per value, ten times the cost
-            # (about 2 ms a step for 25 values, a few percent of a small model's step)
-            from tensorboard.compat.proto.summary_pb2 import Summary
-
-            values = [Summary.Value(tag=k, simple_value=float(v)) for k, v in row.items()
-                      if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)]
-            self._tb._get_file_writer().add_summary(Summary(value=values), step)
+        for t in self._trackers:
+            if step > self._skip.get(t.name, -1):
+                t.log(step, row)
         self.history.append(row)
         self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS})
         self.bar.set_postfix({BAR_FIELDS[k]: f"{v:.3g}" for k, v in self._last.items()}, refresh=False)
@@ -80,33 +92,56 @@ class RunLogger:
         for r in rows:
             self._samples.write(json.dumps({"step": step, **r}, default=repr) + "\n")  # tool arguments may be any literal
         self._samples.flush()
+        for t in self._trackers:
+            if step > self._skip.get(t.name, -1):
+                t.samples(step, rows)
 
-    def close(self) -> None:
-        if not self.enabled:
+    def __enter__(self) -> RunLogger:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        self.close(failed=kind is not None and not issubclass(kind, KeyboardInterrupt))
+
+    def close(self, failed: bool = False) -> None:
+        """Close the files and trackers (a tracked run that `failed` is marked so), draw the chart. Once."""
+        if not self.enabled or self._metrics.closed:
             return
         self.bar.close()
-        if self._tb is not None:
-            self._tb.close()
+        for t in self._trackers:
+            t.close(failed)
         self._metrics.close()
         self._samples.close()
         if self.cfg.chart:
             draw_chart(self.history, self.out_dir / "chart.png")
 
 
-def _truncate(path: Path, last_step: int) -> list[dict]:
-    """Keep the rows of a JSONL file up to `last_step` (a torn last line is dropped too)."""
-    rows, keep = [], []
+def _replay(tracker, history: list[dict], samples: list[dict]) -> None:
+    """Send a tracker that joins on resume what the run logged up to its checkpoint."""
+    by_step: dict[int, list[dict]] = {}
+    for r in samples:
+        by_step.setdefault(r["step"], []).append({k: v for k, v in r.items() if k != "step"})
+    for row in history:
+        if row["step"] in by_step:
+            tracker.samples(row["step"], by_step[row["step"]])
+        tracker.log(row["step"], row)
+
+
+def _truncate(path: Path, last_step: int) -> tuple[list[dict], int]:
+    """Keep the rows of a JSONL file up to `last_step` (a torn last line is dropped too); also return the
+    largest step the file had."""
+    rows, keep, largest = [], [], 0
     if path.exists():
         for line in path.read_text().splitlines():
             try:
                 row = json.loads(line)
             except ValueError:
                 continue
+            largest = max(largest, row.get("step", 0))
             if row.get("step", 0) <= last_step:
                 rows.append(row)
                 keep.append(line)
     path.write_text("".join(line + "\n" for line in keep))
-    return rows
+    return rows, largest
 
 
 def _plain(v):

@@ -73,6 +73,7 @@ class TrainState:
 
 def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
     """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables."""
+    started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
     dist = dist or Dist()
     validate(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
     if cfg.compute.threads:
@@ -85,15 +86,22 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
         if hasattr(run.generator, "close"):
             stack.callback(run.generator.close)
-        return _train(cfg, run, dist, out)
+        return _train(cfg, run, dist, out, started)
 
 
-def _train(cfg: Config, run: _Run, dist: Dist, out: Path) -> TrainResult:
+def _train(cfg: Config, run: _Run, dist: Dist, out: Path, started: float) -> TrainResult:
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
     state = _restore(cfg, ckpt, run) if ckpt is not None else TrainState()
     if dist.is_main:
         (out / "config.yaml").write_text(run.config_yaml)
-    logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state.step if ckpt else None, enabled=dist.is_main)
+    logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state.step if ckpt else None, enabled=dist.is_main,
+                       config=cfg.to_dict(), started=started)
+    with logger:  # the trackers are closed however the run ends; a failed run is marked failed in them
+        return _loop(cfg, run, dist, out, ckpt, state, logger)
+
+
+def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, state: TrainState,
+          logger: RunLogger) -> TrainResult:
     result = TrainResult(out, logger.history, state.initial_eval, state.final_eval, state.step, resumed_from=ckpt)
     if ckpt is not None:
         logger.write(f"resumed from {ckpt} at step {state.step}")
@@ -139,7 +147,6 @@ def _train(cfg: Config, run: _Run, dist: Dist, out: Path) -> TrainResult:
         weights = None if is_lora(run.policy) else full_model_state(run.policy)  # every process, under FSDP
         if dist.is_main:
             save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora)
-    logger.close()
     return result
 
 
@@ -259,7 +266,6 @@ def _check_finite(cfg: Config, state: TrainState, updates: list[dict], metrics: 
                  f"({state.nonfinite_streak}/{cfg.train.max_nonfinite_steps} in a row)")
     if state.nonfinite_streak >= cfg.train.max_nonfinite_steps:
         logger.log(step, metrics)
-        logger.close()
         where = f"; the last good checkpoint is {result.checkpoint}" if result.checkpoint else ""
         raise TrainingAborted(f"aborted at step {step}: non-finite {bad[0]} in {state.nonfinite_streak} "
                               f"consecutive steps (train.max_nonfinite_steps={cfg.train.max_nonfinite_steps}); "

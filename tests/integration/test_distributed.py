@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 FAST = ["rollout.group_size=4", "train.prompts_per_step=4", "rollout.max_new_tokens=5", "eval.size=8",
-        "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false", "train.lr=1e-3",
+        "eval.pass_k=2", "log.progress=false", "log.trackers=[]", "log.chart=false", "train.lr=1e-3",
         "log.samples_every=1", "compute.micro_batch_size=3"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

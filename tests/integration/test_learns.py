@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not (TINY_MODEL_DIR / "model.safetensors").exist
 # A shortened default job: the same model, task, algorithm and learning rate, fewer steps, a smaller
 # held-out sample.
 SHORT = ["train.steps=STEPS", "eval.size=EVAL", "eval.every=0", "eval.pass_k=0", "log.progress=false",
-         "log.tensorboard=false", "log.chart=false"]
+         "log.trackers=[]", "log.chart=false"]
 
 
 def short(steps, eval_size):

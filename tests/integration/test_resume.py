@@ -17,7 +17,7 @@ from grpo.config import load_config
 from grpo.errors import ConfigError
 
 FAST = ["rollout.group_size=4", "train.prompts_per_step=3", "rollout.max_new_tokens=5", "eval.size=8",
-        "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false", "train.lr=1e-3",
+        "eval.pass_k=2", "log.progress=false", "log.trackers=[]", "log.chart=false", "train.lr=1e-3",
         "log.samples_every=1", "compute.threads=2"]
 
 

@@ -17,7 +17,7 @@ from test_distributed import ENV, assert_same
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB = str(ROOT / "grpo" / "configs" / "tiny_tools.yaml")
-QUIET = ["log.progress=false", "log.tensorboard=false", "log.chart=false"]
+QUIET = ["log.progress=false", "log.trackers=[]", "log.chart=false"]
 SMALL = ["train.prompts_per_step=4", "rollout.group_size=4", "eval.size=16", "eval.pass_k=2", "log.samples_every=1",
          "compute.threads=2", *QUIET]
 

@@ -10,7 +10,7 @@ from grpo.trainer import train
 from tests.unit.test_metrics import events
 
 FAST = ["train.steps=2", "rollout.group_size=4", "train.prompts_per_step=3", "rollout.max_new_tokens=5",
-        "eval.size=8", "eval.pass_k=2", "log.progress=false", "log.tensorboard=false", "log.chart=false",
+        "eval.size=8", "eval.pass_k=2", "log.progress=false", "log.trackers=[]", "log.chart=false",
         "train.lr=1e-3"]
 
 
@@ -64,7 +64,7 @@ def test_same_seed_same_run_and_another_seed_another(tmp_path, random_model_dir)
 
 def test_metrics_rows_and_outputs(tmp_path, random_model_dir):
     result, _, rows = run(tmp_path, random_model_dir, "out", "log.samples_every=1", "log.chart=true",
-                          "log.tensorboard=true", "eval.every=1")
+                          "log.trackers=[tensorboard]", "eval.every=1")
     out = tmp_path / "out"
     assert [r["step"] for r in rows] == [0, 1, 2]
     assert "eval/accuracy" in rows[0] and "reward/mean" not in rows[0]  # the evaluation before any update

@@ -30,7 +30,7 @@ def setup(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("trained")
     train(load_config(JOB, [f"train.output_dir={out}", "train.steps=15", "eval.every=0", "eval.size=8",
-                            "eval.pass_k=0", "log.progress=false", "log.tensorboard=false", "log.chart=false"]))
+                            "eval.pass_k=0", "log.progress=false", "log.trackers=[]", "log.chart=false"]))
     cfg = load_config(JOB, [*VLLM, f"model.path={out / 'model'}"])
     model, tok = load_model(cfg.model)
     engine = VLLMGenerator(model, tok, vllm_cfg=cfg.vllm, seed=0, add_special_tokens=False)
@@ -71,7 +71,7 @@ def test_engine_log_probs_cover_the_models_tokens_only(setup):
 def test_tool_training_on_vllm(tmp_path):
     train(load_config(JOB, [*VLLM, f"train.output_dir={tmp_path}", "train.steps=2", "train.prompts_per_step=4",
                             "rollout.group_size=4", "eval.size=8", "eval.pass_k=0", "log.progress=false",
-                            "log.tensorboard=false", "log.chart=false"]))
+                            "log.trackers=[]", "log.chart=false"]))
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
     assert all(0 <= r["mismatch/abs_diff_max"] < 1e-3 for r in logged)
     assert all(r["episode/turns"] >= 1 for r in logged)

@@ -15,7 +15,7 @@ pytest.importorskip("vllm", reason="the vLLM backend's tests need vLLM: pip inst
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
-QUIET = ["log.progress=false", "log.tensorboard=false", "log.chart=false", "rollout.backend=vllm",
+QUIET = ["log.progress=false", "log.trackers=[]", "log.chart=false", "rollout.backend=vllm",
          "vllm.kv_cache_gib=0.25"]
 
 

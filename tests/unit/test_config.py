@@ -51,7 +51,12 @@ def test_override_values_are_yaml():
     ("algo.aggregation=sum", "algo.aggregation='sum' is not allowed; choose one of 'seq_mean', 'token_mean', 'constant'"),
     ("algo.preset=ppo", "algo.preset='ppo' is not allowed; choose one of 'grpo', 'dr_grpo', 'dapo', 'gspo'"),
     ("data.task=chess", "data.task='chess' is not allowed"),
-    ("log.tensorboard=maybe", "log.tensorboard must be a bool"),
+    ("log.progress=maybe", "log.progress must be a bool"),
+    ("log.tensorboard=false", "unknown key 'log.tensorboard'; it is now log.trackers, a list (log.trackers=[] "),
+    ("log.trackers=wandb", "log.trackers must be a list of one of 'tensorboard', 'wandb', 'trackio', got 'wandb'"),
+    ("log.trackers=[mlflow]", "log.trackers[0]='mlflow' is not allowed; choose one of 'tensorboard', 'wandb', "
+                              "'trackio'"),
+    ("log.trackers=[wandb,wandb]", "log.trackers=['wandb', 'wandb'] names a tracker twice"),
     ("rewards=exact_match", "rewards must be a list of str"),
     ("rewards=[nope]", "rewards: unknown reward 'nope'; built-in rewards are exact_match"),
     ("rewards=[os:nope_fn]", "rewards: cannot import reward 'os:nope_fn'"),

@@ -19,7 +19,7 @@ def scalars(path, tag):
 
 
 def test_tensorboard_events_match_the_jsonl_and_resume_purges(tmp_path):
-    cfg = LogConfig(progress=False, tensorboard=True, chart=False)
+    cfg = LogConfig(progress=False, trackers=["tensorboard"], chart=False)
     first = RunLogger(tmp_path, cfg, total_steps=4)
     for step in range(1, 5):
         first.log(step, {"loss": 0.5 * step, "kl": float("nan"), "eval/accuracy": step / 10})
