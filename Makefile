@@ -22,11 +22,16 @@ $(BIN)/.vllm-installed: $(BIN)/.installed
 
 setup-vllm: $(BIN)/.vllm-installed
 
+# the optional trackers (log.trackers: wandb, trackio), which the tests run offline
+$(BIN)/.trackers-installed: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[test,wandb,trackio]'
+	touch $@
+
 train: setup
 	$(BIN)/grpo train $(ARGS)
 
-# the whole suite, the vLLM backend's tests with a real engine included
-test: setup-vllm
+# the whole suite, the vLLM backend's tests with a real engine and the trackers' tests included
+test: setup-vllm $(BIN)/.trackers-installed
 	$(BIN)/python -m pytest -q $(ARGS)
 
 bench: setup

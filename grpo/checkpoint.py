@@ -29,6 +29,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
+from grpo.config import flatten
 from grpo.errors import ConfigError
 
 MARKER = "COMPLETE"
@@ -224,20 +225,10 @@ EXACT = ("model.path", "model.dtype", "data.", "rollout.", "algo.", "optim.", "r
 def incompatible_keys(saved: dict, current: dict, defaults: dict | None = None) -> list[str]:
     """Dotted keys that differ between two resolved configs in a way that breaks exactness. A key the saved
     config lacks (written before the option existed) counts as its value in `defaults`."""
-    a, b = {**_flatten(defaults or {}), **_flatten(saved)}, _flatten(current)
+    a, b = {**flatten(defaults or {}), **flatten(saved)}, flatten(current)
     out = []
     for key in sorted(set(a) | set(b)):
         if a.get(key) != b.get(key) and any(key == e or (e.endswith(".") and key.startswith(e)) or
                                              key.startswith(e + ".") for e in EXACT):
             out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
-    return out
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
     return out

@@ -1,4 +1,5 @@
-"""`grpo train|eval|sample [CONFIG] [dotted.key=value ...]`: parse, load the config, call the library.
+"""`grpo train|eval|sample [CONFIG] [dotted.key=value ...]`: parse, load the config, call the library;
+`grpo report RUN_DIR [RUN_DIR ...]`: compare runs (grpo/report.py).
 
 CONFIG is a YAML path or the name of a shipped config (`grpo/configs/`, e.g. `presets/dapo`). Errors in a
 config, a data file or a user function print one line and exit with status 2, without a traceback.
@@ -53,12 +54,22 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few held-out prompts")
     s.add_argument("-n", type=int, default=4, help="completions per prompt (default 4)")
+    r = sub.add_parser("report", help="compare runs: one PNG and one self-contained HTML page",
+                       description="Draw training reward, held-out accuracy and pass@k, KL, completion length, clip "
+                                   "fraction, entropy and seconds per step of each run against steps and wall "
+                                   "time, one colour per run, the configs' differing keys in the legend.")
+    r.add_argument("runs", nargs="+", metavar="RUN_DIR", help="an output directory of grpo train")
+    r.add_argument("-o", "--output", default="report",
+                   help="where to write: OUTPUT.png and OUTPUT.html (default: report, in this directory)")
+    r.add_argument("--overwrite", action="store_true", help="replace OUTPUT.png and OUTPUT.html if they exist")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
+        if args.command == "report":
+            return _report(args)
         path, overrides = _split_args(args.args)
         cfg = load_config(path, overrides)
         return {"train": _train, "eval": _eval, "sample": _sample}[args.command](cfg, args)
@@ -79,6 +90,7 @@ def _quiet_transformers() -> None:
 def _train(cfg, args) -> int:
     _quiet_transformers()
     from grpo.distributed import init_from_env, shutdown
+    from grpo.report import summary_lines
     from grpo.trainer import train
 
     dist = init_from_env()  # one process, or the group torchrun describes
@@ -94,12 +106,15 @@ def _train(cfg, args) -> int:
         print(f"stopped by {result.stopped_by} after step {result.steps_done}; checkpoint {result.checkpoint}\n"
               f"resume with: {again}", file=sys.stderr)
         return 128 + {"SIGINT": 2, "SIGTERM": 15}[result.stopped_by]
-    if "eval/accuracy" in result.final_eval:
-        before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
-        print(f"held-out accuracy {before:.3f} -> {after:.3f} ({100 * (after - before):+.1f} points); "
-              f"outputs in {result.output_dir}")
-    else:
-        print(f"done; outputs in {result.output_dir}")
+    print("\n".join(summary_lines(result.history, result.output_dir)))
+    return 0
+
+
+def _report(args) -> int:
+    from grpo.report import load_runs, write_report
+
+    png, page = write_report(load_runs(args.runs), args.output, overwrite=args.overwrite)
+    print(f"wrote {png} and {page}")
     return 0
 
 

@@ -429,6 +429,17 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
                           f"{cfg.train.steps}")
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"algo": {"beta": 0.04}} → {"algo.beta": 0.04}: a (resolved or saved) config by dotted key."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 

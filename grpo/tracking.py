@@ -8,8 +8,6 @@ recomputes them to the same values); one added on resume first gets the history 
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import uuid
@@ -139,16 +137,13 @@ class Trackio:
     opens the dashboard), or on a Hugging Face Space with TRACKIO_SPACE_ID. A resumed run continues the latest
     run of that name in the project."""
 
-    name, rewrites = "trackio", False
+    name, rewrites, where = "trackio", False, ""  # its own lines say where the run is
 
     def __init__(self, config: dict, project: str, name: str, resuming: bool):
         import trackio
 
         self._trackio = trackio
-        with contextlib.redirect_stdout(io.StringIO()):  # its banner would break the progress bar's line
-            self._run = trackio.init(project=project, name=name, config=config,
-                                     resume="allow" if resuming else "never")
-        self.where = f"trackio: project {project!r}, run {name!r}; trackio show --project {project!r}"
+        self._run = trackio.init(project=project, name=name, config=config, resume="allow" if resuming else "never")
 
     def log(self, step: int, metrics: dict) -> None:
         self._run.log(scalars(metrics), step=step)
@@ -158,5 +153,7 @@ class Trackio:
         self._run.log({"samples": self._trackio.Table(columns=columns, data=data)}, step=step)
 
     def close(self, failed: bool = False) -> None:
-        with contextlib.redirect_stdout(io.StringIO()):
+        if self._trackio.context_vars.current_run.get() is self._run:
+            self._trackio.finish()  # also un-registers it, or trackio would finish it again at exit
+        else:
             self._run.finish()

@@ -244,12 +244,13 @@ def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
 def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) -> dict[str, float]:
     if not run.eval_set:
         return {}
+    start = time.perf_counter()
     metrics = evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
                        max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                        temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist)
     logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                  + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
-    return metrics
+    return {**metrics, "perf/eval_seconds": time.perf_counter() - start}
 
 
 def _check_finite(cfg: Config, state: TrainState, updates: list[dict], metrics: dict, step: int, logger,

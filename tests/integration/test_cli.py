@@ -18,7 +18,11 @@ def test_train_eval_sample(tmp_path, random_model_dir):
     out = tmp_path / "run"
     r = grpo("train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST)
     assert r.returncode == 0, r.stderr
-    assert "held-out accuracy" in r.stdout and (out / "metrics.jsonl").exists()
+    assert (out / "metrics.jsonl").exists()
+    summary = r.stdout.strip().splitlines()[-3:]  # the end-of-run summary
+    assert summary[0].startswith("held-out accuracy ") and ", best " in summary[0] and "; pass@2 " in summary[0]
+    assert summary[1].startswith("1 steps in ") and "completion tokens/s, peak memory " in summary[1]
+    assert summary[2].startswith(f"outputs in {out}: model/, metrics.jsonl, samples.jsonl, chart.png")
     assert "grpo" in r.stderr  # the progress bar
     r = grpo("eval", f"model.path={out / 'model'}", "eval.size=6", "eval.pass_k=2")
     assert r.returncode == 0, r.stderr
@@ -63,3 +67,20 @@ def test_bad_yaml_file(tmp_path):
     f.write_text("train:\n  steps: [1\n")
     r = grpo("train", f)
     assert r.returncode == 2 and "is not valid YAML" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_report_of_two_real_runs(tmp_path, random_model_dir):
+    """Two short runs that differ in the learning rate, compared: the legend names the difference."""
+    from grpo.report import figure, load_runs
+
+    for name, lr in (("slow", "1e-4"), ("fast", "1e-2")):
+        r = grpo("train", f"model.path={random_model_dir}", f"train.output_dir={tmp_path / name}", *FAST,
+                 "train.steps=3", "eval.every=2", f"train.lr={lr}", "log.progress=false")
+        assert r.returncode == 0, r.stderr
+    r = grpo("report", tmp_path / "slow", tmp_path / "fast", "-o", tmp_path / "cmp")
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "cmp.png").stat().st_size > 10_000 and "<svg" in (tmp_path / "cmp.html").read_text()
+    fig = figure(load_runs([tmp_path / "slow", tmp_path / "fast"]))
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["slow: train.lr=0.0001", "fast: train.lr=0.01"]
+    accuracy = {line.get_gid(): list(line.get_xdata()) for line in fig.axes[2].get_lines() if line.get_gid()}
+    assert accuracy["slow|eval/accuracy"] == [0, 2, 3] and accuracy["fast|eval/pass@2"] == [0, 2, 3]
