@@ -420,10 +420,6 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
                           f"of processes ({world})")
     if len(set(cfg.log.trackers)) < len(cfg.log.trackers):
         raise ConfigError(f"log.trackers={cfg.log.trackers} names a tracker twice; name each at most once")
-    for name in cfg.log.trackers:
-        if name != "tensorboard" and importlib.util.find_spec(name) is None:
-            raise ConfigError(f"log.trackers names {name}, which is not installed; install it with pip install "
-                              f"'grpo[{name}]', or leave it out of log.trackers")
     if cfg.optim.warmup_steps >= cfg.train.steps:
         raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be less than train.steps="
                           f"{cfg.train.steps}")

@@ -1,11 +1,14 @@
 """Run outputs: metrics.jsonl (one line per step), samples.jsonl, the trackers (grpo/tracking.py), a progress bar
-with the live figures, and a PNG chart of reward and held-out accuracy against step; and the arithmetic of a step's
-figures (`step_metrics`, `sample_rows`)."""
+with the live figures, and a PNG chart of reward and held-out accuracy against step; the arithmetic of a step's
+figures (`step_metrics`, `sample_rows`); and what a run prints when it ends (`summary_lines`)."""
 from __future__ import annotations
 
 import json
 import math
+import resource
+import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -40,8 +43,7 @@ class RunLogger:
         if resume_step is not None:
             self.history, logged_until = _truncate(out_dir / "metrics.jsonl", resume_step)
             samples, _ = _truncate(out_dir / "samples.jsonl", resume_step)
-        self._elapsed_before = next((r["perf/elapsed_seconds"] for r in reversed(self.history)
-                                     if "perf/elapsed_seconds" in r), 0.0)
+        self._elapsed_before = elapsed(self.history)[-1] if self.history else 0.0
         mode = "a" if resume_step is not None else "w"
         self._metrics = open(out_dir / "metrics.jsonl", mode)
         self._samples = open(out_dir / "samples.jsonl", mode)
@@ -108,7 +110,10 @@ class RunLogger:
             return
         self.bar.close()
         for t in self._trackers:
-            t.close(failed)
+            try:
+                t.close(failed)
+            except Exception as e:  # the run's own files are written: a tracker's failure to finish is not the run's
+                warnings.warn(f"{t.name} did not close cleanly: {' '.join(str(e).split())[:300]}", stacklevel=2)
         self._metrics.close()
         self._samples.close()
         if self.cfg.chart:
@@ -255,3 +260,71 @@ def _nanstd(x: torch.Tensor) -> float:
 
 def _json_float(v: float) -> float | None:
     return None if math.isnan(v) else v
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a run's summary, from its metrics rows
+
+def elapsed(rows: list[dict]) -> list[float]:
+    """Seconds since the run started at each row: perf/elapsed_seconds, or for runs written before it existed,
+    the sum of the step times so far."""
+    out, total = [], 0.0
+    for r in rows:
+        total += r.get("perf/step_seconds", 0.0) or 0.0
+        out.append(r.get("perf/elapsed_seconds", total))
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Held-out accuracy at the start, at the end and at its best; the steps, the wall time and the completion
+    tokens per second of the update steps."""
+    evals = [r for r in rows if isinstance(r.get("eval/accuracy"), (int, float))]
+    steps = [r for r in rows if "perf/step_seconds" in r]
+    out = {"steps": max((r["step"] for r in rows), default=0),
+           "seconds": elapsed(rows)[-1] if rows else 0.0}
+    busy = sum(r["perf/step_seconds"] for r in steps)
+    out["tokens_per_s"] = sum(r.get("perf/completion_tokens", 0) for r in steps) / busy if busy else 0.0
+    out["step_seconds"] = busy / len(steps) if steps else 0.0
+    if evals:
+        best = max(evals, key=lambda r: (r["eval/accuracy"], -r["step"]))
+        out.update(accuracy_start=evals[0]["eval/accuracy"], accuracy_end=evals[-1]["eval/accuracy"],
+                   accuracy_best=best["eval/accuracy"], accuracy_best_step=best["step"])
+        for k in sorted(k for k in evals[-1] if k.startswith("eval/pass@")):
+            if k in evals[0]:
+                out[k] = (evals[0][k], evals[-1][k])
+    return out
+
+
+def summary_lines(rows: list[dict], out_dir: Path) -> list[str]:
+    """What `grpo train` prints at the end: accuracy start → end and best, time, tokens/s, peak memory, and
+    where the outputs are."""
+    s = summarize(rows)
+    lines = []
+    if "accuracy_end" in s:
+        a, b = s["accuracy_start"], s["accuracy_end"]
+        line = (f"held-out accuracy {a:.3f} -> {b:.3f} ({100 * (b - a):+.1f} points), best {s['accuracy_best']:.3f} "
+                f"at step {s['accuracy_best_step']}")
+        line += "".join(f"; {k[5:]} {v[0]:.3f} -> {v[1]:.3f}" for k, v in s.items() if k.startswith("eval/pass@"))
+        lines.append(line)
+    lines.append(f"{s['steps']} steps in {duration(s['seconds'])} ({s['step_seconds']:.2f} s per step), "
+                 f"{s['tokens_per_s']:,.0f} completion tokens/s, peak memory {peak_memory()}")
+    names = ["model/", "metrics.jsonl", "samples.jsonl", "chart.png", "tensorboard/", "wandb/", "checkpoints/"]
+    found = [n for n in names if (out_dir / n.rstrip("/")).exists()]
+    lines.append(f"outputs in {out_dir}: {', '.join(found)}; compare runs with: grpo report {out_dir} [OTHER_RUN ...]")
+    return lines
+
+
+def peak_memory() -> str:
+    """This process's peak resident memory, and the GPU's peak allocation when one was used."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    text = f"{peak / 2**30:.2f} GiB resident"  # ru_maxrss: bytes on macOS, KiB on Linux
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        text += f", {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB on the GPU"
+    return text
+
+
+def duration(seconds: float) -> str:
+    seconds = round(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h} h {m} min" if h else f"{m} min {s} s" if m else f"{s} s"

@@ -1,6 +1,6 @@
-"""Reading finished (or running) run directories: `grpo report RUN_DIR [RUN_DIR ...]` draws one PNG and one
-self-contained HTML page that compare runs (each figure against steps and against wall time, one colour per
-run, the configs' differing keys in the legend), and `summary_lines` is what a run prints when it ends.
+"""`grpo report RUN_DIR [RUN_DIR ...]`: one PNG and one self-contained HTML page that compare finished (or
+running) runs, each figure against steps and against wall time, one colour per run, the configs' differing
+keys in the legend.
 
 A run directory is what `grpo train` writes: metrics.jsonl (required) and config.yaml (for the legend).
 """
@@ -10,7 +10,6 @@ import html
 import io
 import json
 import math
-import resource
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import yaml
 
 from grpo.config import flatten
 from grpo.errors import GRPOError
+from grpo.metrics import duration, elapsed, summarize
 
 # (title, metric keys, y-axis limits or None); "eval/pass@*" stands for every pass@k the runs logged
 PANELS = [
@@ -61,16 +61,6 @@ class Run:
     def evaluated(self) -> set[int]:
         """The steps after which the run evaluated."""
         return {r["step"] for r in self.rows if "eval/accuracy" in r}
-
-
-def elapsed(rows: list[dict]) -> list[float]:
-    """Seconds since the run started at each row: perf/elapsed_seconds, or for runs written before it existed,
-    the sum of the step times so far."""
-    out, total = [], 0.0
-    for r in rows:
-        total += r.get("perf/step_seconds", 0.0) or 0.0
-        out.append(r.get("perf/elapsed_seconds", total))
-    return out
 
 
 def load_run(path: str | Path) -> Run:
@@ -117,15 +107,19 @@ def load_runs(paths: list[str | Path]) -> list[Run]:
 
 
 def differing_keys(runs: list[Run]) -> list[str]:
-    """Config keys whose values are not the same in every run (a key a run lacks counts as differing)."""
-    if len(runs) < 2:
+    """Config keys whose values are not the same in every run that has a config.yaml (a key one of them lacks,
+    written by an older grpo, counts as differing)."""
+    configs = [r.config for r in runs if r.config]
+    if len(configs) < 2:
         return []
-    keys = sorted(set().union(*(r.config for r in runs)))
+    keys = sorted(set().union(*configs))
     return [k for k in keys if not k.startswith(UNCOMPARED)
-            and len({json.dumps(r.config.get(k, "—"), sort_keys=True) for r in runs}) > 1]
+            and len({json.dumps(c.get(k, "—"), sort_keys=True) for c in configs}) > 1]
 
 
 def legend_label(run: Run, keys: list[str]) -> str:
+    if not run.config:
+        return f"{run.label} (no config.yaml)"
     shown = ", ".join(f"{k}={_value(run.config.get(k, '—'))}" for k in keys[:LEGEND_KEYS])
     more = f", +{len(keys) - LEGEND_KEYS} more" if len(keys) > LEGEND_KEYS else ""
     return f"{run.label}: {shown}{more}" if shown else run.label
@@ -142,6 +136,8 @@ def figure(runs: list[Run]):
 
     panels = [(title, _keys(runs, keys), ylim) for title, keys, ylim in PANELS]
     panels = [p for p in panels if any(run.series(k)[0] for run in runs for k in p[1])]
+    if not panels:
+        raise GRPOError("nothing to draw yet: the runs have logged no update step and no held-out evaluation")
     seconds = max(max(run.elapsed()) for run in runs)
     scale, unit = (60.0, "minutes") if seconds > 300 else (1.0, "seconds")
     colours = [f"C{i % 10}" for i in range(len(runs))]
@@ -167,7 +163,8 @@ def figure(runs: list[Run]):
                         window = max(1, len(ys) // 20)
                         smooth = _moving_mean(ys, window)
                         if x == "elapsed":  # the time of an evaluation is a gap in the curve, not a line across it
-                            after = [s in run.evaluated for s in run.series(key)[0]]
+                            evaluated = run.evaluated
+                            after = [s in evaluated for s in run.series(key)[0]]
                             xs, ys, smooth = (_break(v, after) for v in (xs, ys, smooth))
                         if window > 1:
                             ax.plot(xs, ys, "-", color=colour, lw=0.6, alpha=0.3)
@@ -222,8 +219,11 @@ def _moving_mean(ys: list[float], window: int) -> list[float]:
 # the files
 
 def write_report(runs: list[Run], out: str | Path, *, overwrite: bool = False) -> tuple[Path, Path]:
-    """`out`.png and `out`.html; an existing file is refused unless `overwrite`."""
+    """`out`.png and `out`.html (`out` a directory: report.png and report.html in it); an existing file is
+    refused unless `overwrite`."""
     out = Path(out)
+    if out.is_dir() or not out.name:
+        out = out / "report"
     png, page = out.with_name(out.name + ".png"), out.with_name(out.name + ".html")
     existing = [str(p) for p in (png, page) if p.exists()]
     if existing and not overwrite:
@@ -275,8 +275,10 @@ svg {{ max-width: 100%; height: auto; }}
 pre {{ font-size: 0.8em; }}
 </style></head><body>
 <h1>grpo report</h1>
-<p>{len(runs)} run{"s" if len(runs) > 1 else ""}. Thin lines: each step; thick: the moving mean over the last
-5 % of the steps. Accuracy is greedy on the held-out split; pass@k samples k completions per prompt.</p>
+<p>{len(runs)} run{"s" if len(runs) > 1 else ""}. A figure of the update steps over 40 steps or more is drawn
+twice: thin, each step, and thick, the mean over the last 5 % of the steps. Against wall time, its curve
+breaks where the run evaluated. Accuracy is greedy on the held-out split; pass@k samples k completions per
+prompt.</p>
 <table><tr>{"".join(f"<th>{html.escape(h)}</th>" for h in head)}</tr>
 {"".join(body)}</table>
 {svg}
@@ -292,61 +294,3 @@ def _colour(i: int) -> str:
 
 def _value(v) -> str:
     return v if isinstance(v, str) else json.dumps(v)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# a run's summary
-
-def summarize(rows: list[dict]) -> dict:
-    """Held-out accuracy at the start, at the end and at its best; the steps, the wall time and the completion
-    tokens per second of the update steps."""
-    evals = [r for r in rows if isinstance(r.get("eval/accuracy"), (int, float))]
-    steps = [r for r in rows if "perf/step_seconds" in r]
-    out = {"steps": max((r["step"] for r in rows), default=0),
-           "seconds": elapsed(rows)[-1] if rows else 0.0}
-    busy = sum(r["perf/step_seconds"] for r in steps)
-    out["tokens_per_s"] = sum(r.get("perf/completion_tokens", 0) for r in steps) / busy if busy else 0.0
-    out["step_seconds"] = busy / len(steps) if steps else 0.0
-    if evals:
-        best = max(evals, key=lambda r: (r["eval/accuracy"], -r["step"]))
-        out.update(accuracy_start=evals[0]["eval/accuracy"], accuracy_end=evals[-1]["eval/accuracy"],
-                   accuracy_best=best["eval/accuracy"], accuracy_best_step=best["step"])
-        for k in sorted(k for k in evals[-1] if k.startswith("eval/pass@")):
-            if k in evals[0]:
-                out[k] = (evals[0][k], evals[-1][k])
-    return out
-
-
-def summary_lines(rows: list[dict], out_dir: Path) -> list[str]:
-    """What `grpo train` prints at the end: accuracy start → end and best, time, tokens/s, peak memory, and
-    where the outputs are."""
-    s = summarize(rows)
-    lines = []
-    if "accuracy_end" in s:
-        a, b = s["accuracy_start"], s["accuracy_end"]
-        line = (f"held-out accuracy {a:.3f} -> {b:.3f} ({100 * (b - a):+.1f} points), best {s['accuracy_best']:.3f} "
-                f"at step {s['accuracy_best_step']}")
-        line += "".join(f"; {k[5:]} {v[0]:.3f} -> {v[1]:.3f}" for k, v in s.items() if k.startswith("eval/pass@"))
-        lines.append(line)
-    lines.append(f"{s['steps']} steps in {duration(s['seconds'])} ({s['step_seconds']:.2f} s per step), "
-                 f"{s['tokens_per_s']:,.0f} completion tokens/s, peak memory {peak_memory()}")
-    names = ["model/", "metrics.jsonl", "samples.jsonl", "chart.png", "tensorboard/", "wandb/", "checkpoints/"]
-    found = [n for n in names if (out_dir / n.rstrip("/")).exists()]
-    lines.append(f"outputs in {out_dir}: {', '.join(found)}; compare runs with: grpo report {out_dir} [OTHER_RUN ...]")
-    return lines
-
-
-def peak_memory() -> str:
-    """This process's peak resident memory, and the GPU's peak allocation when one was used."""
-    text = f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB resident"
-    import torch
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        text += f", {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB on the GPU"
-    return text
-
-
-def duration(seconds: float) -> str:
-    seconds = round(seconds)
-    h, rest = divmod(seconds, 3600)
-    m, s = divmod(rest, 60)
-    return f"{h} h {m} min" if h else f"{m} min {s} s" if m else f"{s} s"

@@ -8,6 +8,7 @@ recomputes them to the same values); one added on resume first gets the history 
 """
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import uuid
@@ -39,13 +40,15 @@ def open_trackers(names: list[str], out_dir: Path, *, config: dict, project: str
     state = json.loads(state_path.read_text()) if resume_step is not None and state_path.exists() else {}
     state.setdefault("wandb_id", uuid.uuid4().hex[:12])
     name = run_name or out_dir.resolve().name
-    earlier = list(state.get("trackers", []))
+    # a run written before tracking.json existed is taken to have reported where it reports now
+    earlier = list(state.get("trackers", names if resume_step is not None else []))
     state["trackers"] = sorted(set(earlier) | set(names))
     trackers: list[Tracker] = []
     try:
         for kind in names:
             if kind == "tensorboard":
-                trackers.append(TensorBoard(out_dir / "tensorboard", config, resume_step))
+                trackers.append(TensorBoard(out_dir / "tensorboard", config, resume_step,
+                                            with_config=kind not in earlier))
             elif kind == "wandb":
                 trackers.append(Wandb(out_dir, config, project, name, state["wandb_id"], kind in earlier))
             elif kind == "trackio":
@@ -56,6 +59,25 @@ def open_trackers(names: list[str], out_dir: Path, *, config: dict, project: str
         raise
     state_path.write_text(json.dumps(state, indent=1) + "\n")
     return trackers, earlier
+
+
+def check_installed(names: list[str]) -> None:
+    """Each tracker's package imports (before a run builds anything), or one error naming its extra."""
+    for name in names:
+        if name == "tensorboard":
+            continue
+        try:
+            module = importlib.import_module(name)
+            found = "" if hasattr(module, "init") else f" ('import {name}' finds only {_where(module)})"
+        except ImportError:
+            found = None
+        if found is None or found:  # not importable, or only a directory of that name (W&B writes ./wandb)
+            raise GRPOError(f"log.trackers names {name}, which is not installed{found or ''}; install it with pip "
+                            f"install 'grpo[{name}]', or leave it out of log.trackers")
+
+
+def _where(module) -> str:
+    return ", ".join(getattr(module, "__path__", [])) or str(getattr(module, "__file__", module.__name__))
 
 
 def scalars(metrics: dict) -> dict[str, float]:
@@ -75,13 +97,13 @@ def table(rows: list[dict]) -> tuple[list[str], list[list]]:
 class TensorBoard:
     name, rewrites = "tensorboard", True
 
-    def __init__(self, path: Path, config: dict, resume_step: int | None):
+    def __init__(self, path: Path, config: dict, resume_step: int | None, with_config: bool):
         from torch.utils.tensorboard import SummaryWriter
 
         import yaml
         self._writer = SummaryWriter(str(path), purge_step=None if resume_step is None else resume_step + 1)
         self.where = f"tensorboard: tensorboard --logdir {path}"
-        if resume_step is None:
+        if with_config:
             text = yaml.safe_dump(config, sort_keys=False)
             self._writer.add_text("config", "".join("    " + line + "\n" for line in text.splitlines()), 0)
 
@@ -143,7 +165,11 @@ class Trackio:
         import trackio
 
         self._trackio = trackio
-        self._run = trackio.init(project=project, name=name, config=config, resume="allow" if resuming else "never")
+        try:
+            self._run = trackio.init(project=project, name=name, config=config,
+                                     resume="allow" if resuming else "never")
+        except Exception as e:  # a project name it refuses, a Space without a Hugging Face login
+            raise GRPOError(f"trackio could not start its run: {' '.join(str(e).split())[:300]}") from None
 
     def log(self, step: int, metrics: dict) -> None:
         self._run.log(scalars(metrics), step=step)

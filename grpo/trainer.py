@@ -42,6 +42,7 @@ from grpo.rollout import build_generator, rollout_sampling
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
 from grpo.tasks import load_task
+from grpo.tracking import check_installed
 
 
 @dataclass
@@ -76,6 +77,8 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
     dist = dist or Dist()
     validate(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
+    if dist.is_main:
+        check_installed(cfg.log.trackers)
     if cfg.compute.threads:
         torch.set_num_threads(cfg.compute.threads)
     random.seed(cfg.train.seed)
@@ -108,8 +111,8 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
     if not run.eval_set:
         logger.write("no held-out examples (data.eval_path, data.eval_split, data.eval_fraction): no evaluation")
     if ckpt is None:
-        result.initial_eval = _evaluate(cfg, run, dist, logger, 0)
-        logger.log(0, result.initial_eval)
+        result.initial_eval, seconds = _evaluate(cfg, run, dist, logger, 0)
+        logger.log(0, {**result.initial_eval, **seconds})
 
     with GracefulStop() as stop:
         for step in range(state.step + 1, cfg.train.steps + 1):
@@ -130,8 +133,8 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
             if cfg.log.samples_every and step % cfg.log.samples_every == 0:
                 logger.samples(step, sample_rows(exp, cfg.log.samples_per_step))
             if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
-                result.final_eval = _evaluate(cfg, run, dist, logger, step)
-                metrics.update(result.final_eval)
+                result.final_eval, seconds = _evaluate(cfg, run, dist, logger, step)
+                metrics.update({**result.final_eval, **seconds})
             logger.log(step, metrics)
             logger.advance()
             result.steps_done = step
@@ -241,16 +244,17 @@ def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
     return path
 
 
-def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) -> dict[str, float]:
+def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) -> tuple[dict, dict]:
+    """The held-out figures, and {"perf/eval_seconds": ...} (both empty without held-out examples)."""
     if not run.eval_set:
-        return {}
+        return {}, {}
     start = time.perf_counter()
     metrics = evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
                        max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                        temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist)
     logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                  + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
-    return {**metrics, "perf/eval_seconds": time.perf_counter() - start}
+    return metrics, {"perf/eval_seconds": time.perf_counter() - start}
 
 
 def _check_finite(cfg: Config, state: TrainState, updates: list[dict], metrics: dict, step: int, logger,

@@ -1,6 +1,8 @@
 """RunLogger: metrics.jsonl and TensorBoard events agree, and a resumed run replaces what came after its checkpoint."""
 import json
 
+import pytest
+
 from grpo.config import LogConfig
 from grpo.metrics import RunLogger
 
@@ -18,12 +20,20 @@ def scalars(path, tag):
     return [(e.step, round(e.value, 5)) for e in events(path).Scalars(tag)]
 
 
-def test_tensorboard_events_match_the_jsonl_and_resume_purges(tmp_path):
+@pytest.mark.parametrize("older_run", [False, True])
+def test_tensorboard_events_match_the_jsonl_and_resume_purges(tmp_path, older_run):
     cfg = LogConfig(progress=False, trackers=["tensorboard"], chart=False)
     first = RunLogger(tmp_path, cfg, total_steps=4)
     for step in range(1, 5):
         first.log(step, {"loss": 0.5 * step, "kl": float("nan"), "eval/accuracy": step / 10})
     first.close()
+    if older_run:  # written before tracking.json existed: taken to have reported to TensorBoard already
+        (tmp_path / "tracking.json").unlink()
+        rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+        for r in rows:
+            del r["perf/elapsed_seconds"]
+            r["perf/step_seconds"] = 1.5
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert scalars(tmp_path / "tensorboard", "loss") == [(1, 0.5), (2, 1.0), (3, 1.5), (4, 2.0)]
     assert scalars(tmp_path / "tensorboard", "eval/accuracy") == [(1, 0.1), (2, 0.2), (3, 0.3), (4, 0.4)]
     # a non-finite value goes to the JSONL file (as null/NaN) but is not a TensorBoard point
@@ -37,3 +47,5 @@ def test_tensorboard_events_match_the_jsonl_and_resume_purges(tmp_path):
     assert scalars(tmp_path / "tensorboard", "loss") == [(1, 0.5), (2, 1.0), (3, -3.0), (4, -4.0)]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.5), (2, 1.0), (3, -3.0), (4, -4.0)]
+    # wall time goes on from the checkpoint's (for an older run, the sum of its step times)
+    assert rows[2]["perf/elapsed_seconds"] > (3.0 if older_run else rows[1]["perf/elapsed_seconds"])

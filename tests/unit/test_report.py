@@ -8,8 +8,8 @@ import yaml
 
 from grpo.cli import main
 from grpo.errors import GRPOError
-from grpo.report import (differing_keys, figure, load_run, load_runs, summarize, summary_lines, write_report,
-                         _moving_mean)
+from grpo.metrics import summarize, summary_lines
+from grpo.report import differing_keys, figure, load_run, load_runs, write_report, _moving_mean
 
 
 def make_run(path, *, lr, beta, steps=40, entropy=False, slow=1.0):
@@ -108,6 +108,31 @@ def test_write_report_png_and_self_contained_html(tmp_path):
     before = png.stat().st_mtime_ns
     write_report(runs[:1], tmp_path / "cmp", overwrite=True)
     assert png.stat().st_mtime_ns >= before and "y/run" not in page.read_text()
+
+
+def test_a_run_without_config_and_a_run_without_steps(tmp_path):
+    make_run(tmp_path / "a", lr=1e-3, beta=0.04)
+    make_run(tmp_path / "b", lr=2e-3, beta=0.04)
+    make_run(tmp_path / "c", lr=2e-3, beta=0.04)
+    (tmp_path / "c" / "config.yaml").unlink()
+    runs = load_runs([tmp_path / n for n in "abc"])
+    assert differing_keys(runs) == ["train.lr"]  # compared between the runs that have a config
+    assert [t.get_text() for t in figure(runs).legends[0].get_texts()] == \
+        ["a: train.lr=0.001", "b: train.lr=0.002", "c (no config.yaml)"]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "metrics.jsonl").write_text('{"step": 0, "perf/elapsed_seconds": 3.0}\n')
+    with pytest.raises(GRPOError, match="nothing to draw yet: the runs have logged no update step"):
+        write_report(load_runs([tmp_path / "d"]), tmp_path / "out")
+    assert not (tmp_path / "out.png").exists()
+
+
+def test_output_may_be_a_directory(tmp_path):
+    make_run(tmp_path / "a", lr=1e-3, beta=0.04)
+    (tmp_path / "reports").mkdir()
+    png, page = write_report(load_runs([tmp_path / "a"]), tmp_path / "reports")
+    assert (png, page) == (tmp_path / "reports" / "report.png", tmp_path / "reports" / "report.html")
+    with pytest.raises(GRPOError, match="the directory of --output, .* does not exist"):
+        write_report(load_runs([tmp_path / "a"]), tmp_path / "nowhere" / "x")
 
 
 def test_bad_run_directories(tmp_path):
