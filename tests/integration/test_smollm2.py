@@ -88,7 +88,8 @@ def test_lora_with_bf16_autocast_trains_and_decodes_from_merged_weights(cache, t
     result = train(load_config(None, [*SMALL, "data.task=stories", "lora.rank=8", "train.lr=1e-3",
                                       "model.autocast_bf16=true", "train.steps=2", f"train.output_dir={out}"]))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert all(r["grad_norm"] > 0 for r in rows if "loss" in r) and "eval/accuracy" in rows[-1]
+    # a step whose 8 completions all happen to have even lengths has no policy gradient (and KL none at step 1)
+    assert any(r["grad_norm"] > 0 for r in rows if "loss" in r) and "eval/accuracy" in rows[-1]
     adapter = load_file(out / "model" / "adapter_model.safetensors")
     assert any(k.endswith("lora_B.weight") and v.abs().max() > 0 for k, v in adapter.items())  # it moved
     # the trained policy decodes with the lean steps from its merged weights: the tokens of transformers' forward
