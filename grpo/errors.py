@@ -20,9 +20,25 @@ def import_callable(name: str, *, field: str, what: str):
 
     module, _, attr = name.partition(":")
     try:
-        fn = getattr(importlib.import_module(module), attr)
+        fn = getattr(_import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ConfigError(f"{field}: cannot import {what} {name!r}: {e}") from None
     if not callable(fn):
         raise ConfigError(f"{field}: {name!r} is not callable")
     return fn
+
+
+def _import_module(module: str):
+    """Import `module`, looking in the current directory last, as `python -m` users expect of `grpo train`."""
+    import importlib
+    import os
+    import sys
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        here = os.getcwd()
+        if e.name != module.split(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)
+        return importlib.import_module(module)

@@ -59,7 +59,7 @@ class RunLogger:
                 self._skip[t.name] = resume_step
         self._last: dict[str, float] = {}
         for row in self.history:
-            self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS})
+            self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS and v is not None})
         self.bar = tqdm(total=total_steps, initial=resume_step or 0, disable=not cfg.progress, dynamic_ncols=True,
                         desc="grpo", unit="step")
         for t in self._trackers:
@@ -69,15 +69,15 @@ class RunLogger:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled:
             return
-        row = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        row = {"step": step, **{k: _finite_or_none(_plain(v)) for k, v in metrics.items()}}
         row["perf/elapsed_seconds"] = self._elapsed_before + time.perf_counter() - self._started
-        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.write(json.dumps(row, allow_nan=False) + "\n")  # strict JSON: NaN and inf are null
         self._metrics.flush()
         for t in self._trackers:
             if step > self._skip.get(t.name, -1):
                 t.log(step, row)
         self.history.append(row)
-        self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS})
+        self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS and v is not None})
         self.bar.set_postfix({BAR_FIELDS[k]: f"{v:.3g}" for k, v in self._last.items()}, refresh=False)
 
     def advance(self) -> None:
@@ -91,8 +91,9 @@ class RunLogger:
     def samples(self, step: int, rows: list[dict]) -> None:
         if not self.enabled:
             return
-        for r in rows:
-            self._samples.write(json.dumps({"step": step, **r}, default=repr) + "\n")  # tool arguments may be any literal
+        for r in rows:  # tool arguments may be any literal (repr); a NaN reward or advantage is null
+            line = {"step": step, **{k: _finite_or_none(v) for k, v in r.items()}}
+            self._samples.write(json.dumps(line, default=repr, allow_nan=False) + "\n")
         self._samples.flush()
         for t in self._trackers:
             if step > self._skip.get(t.name, -1):
@@ -153,6 +154,11 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
+def _finite_or_none(v):
+    """A float that is NaN or infinite becomes None (JSON null); anything else stays."""
+    return None if isinstance(v, float) and not math.isfinite(v) else v
+
+
 def draw_chart(history: list[dict], path: Path) -> None:
     """Mean training reward per step, and held-out greedy accuracy (and pass@k) at each evaluation."""
     import matplotlib
@@ -160,9 +166,9 @@ def draw_chart(history: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    steps = [r["step"] for r in history if "reward/mean" in r]
-    if steps:
-        ax.plot(steps, [r["reward/mean"] for r in history if "reward/mean" in r], lw=1, alpha=0.6,
+    rewarded = [r for r in history if r.get("reward/mean") is not None]  # null: a step no reward applied to
+    if rewarded:
+        ax.plot([r["step"] for r in rewarded], [r["reward/mean"] for r in rewarded], lw=1, alpha=0.6,
                 label="training reward (mean)")
     evals = [r for r in history if "eval/accuracy" in r]
     if evals:
@@ -239,9 +245,9 @@ def sample_rows(exp: Experience, groups: int) -> list[dict]:
             break
         e = exp.examples[int(exp.group[j])]
         row = {"prompt": e.prompt, "answer": e.answer, "completion": exp.texts[j],
-               "reward": _json_float(exp.rewards[j].item()), "advantage": exp.advantages[j, 0].item(),
+               "reward": _finite_or_none(exp.rewards[j].item()), "advantage": exp.advantages[j, 0].item(),
                "truncated": bool(exp.truncated[j])}
-        row.update({f"reward/{k}": _json_float(v[j].item()) for k, v in exp.per_fn.items()})
+        row.update({f"reward/{k}": _finite_or_none(v[j].item()) for k, v in exp.per_fn.items()})
         if exp.episodes is not None:
             ep = exp.episodes[j]
             row.update({"turns": ep.turns, "tool_calls": ep.tool_calls, "stop": ep.stop, "messages": ep.messages})
@@ -257,9 +263,6 @@ def _nanstd(x: torch.Tensor) -> float:
     x = x[~x.isnan()]
     return x.std().item() if x.numel() > 1 else 0.0
 
-
-def _json_float(v: float) -> float | None:
-    return None if math.isnan(v) else v
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -130,6 +130,7 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
                                    seconds=time.perf_counter() - start, rollout_seconds=rollout_seconds,
                                    lr=run.scheduler.get_last_lr()[0])
             _check_finite(cfg, state, updates, metrics, step, logger, result)
+            _warn_unscored(exp, step, logger)
             if cfg.log.samples_every and step % cfg.log.samples_every == 0:
                 logger.samples(step, sample_rows(exp, cfg.log.samples_per_step))
             if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
@@ -255,6 +256,13 @@ def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) 
     logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                  + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
     return metrics, {"perf/eval_seconds": time.perf_counter() - start}
+
+
+def _warn_unscored(exp, step: int, logger: RunLogger) -> None:
+    """A step in which no reward function applied to any completion (every value None) has no signal: say so."""
+    if exp.all_rewards.isnan().all():
+        logger.write(f"step {step}: no reward function applied to any of the {exp.all_rewards.numel()} completions "
+                     "(every reward was None): the step has no policy gradient")
 
 
 def _check_finite(cfg: Config, state: TrainState, updates: list[dict], metrics: dict, step: int, logger,

@@ -13,6 +13,7 @@ One function returns floats or step lists, not both. Built-ins are named in `REW
 from __future__ import annotations
 
 import math as _math  # grpo.rewards.math_answers (a submodule) would shadow a plain "math"
+import numbers
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -217,13 +218,10 @@ def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[floa
             for mine, p in zip(steps, parsed):
                 mine.extend((end, w * r) for end, r in p or [])
         else:  # floats and None (a process function that applies to none of these completions lands here too)
-            try:
-                per_fn[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
-                                            dtype=torch.float32)
-            except (TypeError, ValueError):
-                bad = next(v for v in values if v is not None and not isinstance(v, (int, float)))
-                raise DataError(f"reward function {name!r} returned {bad!r}; rewards must be floats, lists of "
-                                "(end, reward) steps, or None") from None
+            for i, v in enumerate(values):
+                _check_value(name, v, prompts[i], completions[i])
+            per_fn[name] = torch.tensor([float("nan") if v is None else float(v) for v in values],
+                                        dtype=torch.float32)
             outcome.append(per_fn[name] * w)
         weighted.append(per_fn[name] * w)
     return Scores(_nansum(weighted, n), per_fn, _nansum(outcome, n), [sorted(s, key=lambda t: t[0]) for s in steps])
@@ -248,6 +246,20 @@ def _unique(name: str, taken: dict) -> str:
     return f"{name}_{k}"
 
 
+def _check_value(name: str, v, prompt: str, completion: str) -> None:
+    """An outcome reward must be None or a finite real number: a string such as "1.0" is refused, not converted,
+    and a NaN or an infinity is an error, never taken for "does not apply" (that is None)."""
+    if v is None:
+        return
+    where = f"on prompt {prompt!r} with completion {completion!r}"
+    if not isinstance(v, numbers.Real):
+        raise DataError(f"reward function {name!r} returned {v!r} ({type(v).__name__}) {where}; rewards must be "
+                        "floats, lists of (end, reward) steps, or None")
+    if not _math.isfinite(float(v)):
+        raise DataError(f"reward function {name!r} returned {float(v)} {where}; a reward must be a finite number, "
+                        "or None where it does not apply")
+
+
 def _steps(name: str, value, text: str) -> list[Step] | None:
     """One completion's value from a process function, checked: None, or a list of (end, reward)."""
     if value is None:
@@ -259,13 +271,13 @@ def _steps(name: str, value, text: str) -> list[Step] | None:
     for step in value:
         try:
             end, reward = step
-            end_ok = isinstance(end, int) and not isinstance(end, bool)
+            end_ok = isinstance(end, int) and not isinstance(end, bool) and isinstance(reward, numbers.Real)
             reward = float(reward)
         except (TypeError, ValueError):
             end_ok = False
-        if not end_ok or not 0 <= end <= len(text) or _math.isnan(reward):
+        if not end_ok or not 0 <= end <= len(text) or not _math.isfinite(reward):
             raise DataError(f"reward function {name!r} returned the step {step!r} for completion {text!r}; a step "
                             f"is (end, reward) with end an int in 0..{len(text)} (a character offset just after "
-                            "the step) and reward a number")
+                            "the step) and reward a finite number")
         out.append((end, reward))
     return out

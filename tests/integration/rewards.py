@@ -13,3 +13,8 @@ def odd_length(prompts, completions, **_):
     """1.0 for a completion of an odd number of characters, else 0.0: groups of a real model's completions get
     rewards that differ, so a step has a policy gradient whatever the model knows."""
     return [float(len(c) % 2) for c in completions]
+
+
+def never_applies(prompts, completions, **_):
+    """None for every completion: no step has a reward."""
+    return [None] * len(completions)

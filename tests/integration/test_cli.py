@@ -84,3 +84,18 @@ def test_report_of_two_real_runs(tmp_path, random_model_dir):
     assert [t.get_text() for t in fig.legends[0].get_texts()] == ["slow: train.lr=0.0001", "fast: train.lr=0.01"]
     accuracy = {line.get_gid(): list(line.get_xdata()) for line in fig.axes[2].get_lines() if line.get_gid()}
     assert accuracy["slow|eval/accuracy"] == [0, 2, 3] and accuracy["fast|eval/pass@2"] == [0, 2, 3]
+
+
+def test_a_reward_module_in_the_current_directory(tmp_path, random_model_dir):
+    """The `grpo` command (not `python -m`, which puts the directory on the path itself) finds ./my_rewards.py."""
+    from pathlib import Path
+
+    (tmp_path / "my_rewards.py").write_text("def brevity(prompts, completions, **_):\n"
+                                            "    return [-len(c) / 10 for c in completions]\n")
+    command = Path(sys.executable).parent / "grpo"
+    r = subprocess.run([str(command), "train", f"model.path={random_model_dir}", f"train.output_dir={tmp_path / 'run'}",
+                        *FAST, "log.progress=false", "rewards=[my_rewards:brevity]"], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["reward/my_rewards:brevity"] < 0

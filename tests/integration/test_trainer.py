@@ -140,3 +140,12 @@ def test_dynamic_sampling_replaces_zero_variance_groups_in_training(tmp_path, ra
         linear = [p for p in prompts if p.startswith("Solve")]
         assert len(linear) <= r["sampling/filled_groups"], (r, prompts)  # only a fill-up at the cap trains on one
         assert r["adv/std_zero_frac"] == pytest.approx(r["sampling/filled_groups"] / 3)
+
+
+def test_a_step_without_any_reward_says_so(tmp_path, random_model_dir, capsys):
+    _, _, rows = run(tmp_path, random_model_dir, "none", "rewards=[tests.integration.rewards:never_applies]",
+                     "train.steps=1")
+    out = capsys.readouterr().out
+    assert "step 1: no reward function applied to any of the 12 completions (every reward was None): the step has " \
+           "no policy gradient" in out
+    assert rows[1]["reward/mean"] is None and rows[1]["grad_norm"] == 0  # strict JSON: null, not NaN

@@ -71,8 +71,31 @@ def test_raising_function_is_named_with_the_example():
 
 
 def test_non_numeric_value_is_an_error():
-    with pytest.raises(DataError, match="returned 'yes'; rewards must be floats, lists of"):
+    with pytest.raises(DataError, match="returned 'yes' \\(str\\) on prompt 'p' with completion 'a'; rewards must "
+                                        "be floats, lists of"):
         score([lambda prompts, completions, **kw: ["yes"]], None, ["p"], ["a"], {"answer": ["1"]})
+    with pytest.raises(DataError, match="returned '1.0' \\(str\\)"):  # refused, not converted
+        score([lambda prompts, completions, **kw: ["1.0"]], None, ["p"], ["a"], {"answer": ["1"]})
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_non_finite_reward_is_an_error_naming_the_function_and_completion(bad):
+    def flaky(prompts, completions, **kw):
+        return [1.0, bad]
+
+    with pytest.raises(DataError, match=f"reward function 'flaky' returned {bad} on prompt 'q' with completion "
+                                        "'b'; a reward must be a finite number, or None where it does not apply"):
+        score([flaky], None, ["p", "q"], ["a", "b"], {"answer": ["1", "2"]})
+    with pytest.raises(DataError, match="and reward a finite number"):
+        score([lambda prompts, completions, **kw: [[(1, bad)]]], None, ["p"], ["a"], {"answer": ["1"]})
+
+
+def test_numbers_of_other_types_are_rewards():
+    import numpy as np
+
+    s = score([lambda prompts, completions, **kw: [np.float32(0.5), True, 2, None]], None, ["p"] * 4,
+              ["a", "b", "c", "d"], {"answer": ["1"] * 4})
+    assert s.total[:3].tolist() == [0.5, 1.0, 2.0] and s.total[3].isnan()
 
 
 def test_resolve_module_function():
