@@ -49,7 +49,7 @@ def train_check(path: Path, params: int, out: Path) -> dict:
                              f"rollout.group_size={group}", f"rollout.max_new_tokens={length}",
                              f"rollout.min_new_tokens={length}", "eval.every=0", "eval.size=64", "eval.pass_k=0",
                              "log.progress=false", "log.trackers=[]", "log.chart=false",
-                             f"train.output_dir={out}", "compute.micro_batch_size=64"])
+                             f"train.output_dir={out}", "train.overwrite=true", "compute.micro_batch_size=64"])
     start = time.perf_counter()
     train(cfg, dist=Dist(0, 1, 0, "nccl"))
     wall = time.perf_counter() - start

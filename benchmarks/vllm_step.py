@@ -33,7 +33,7 @@ def job(model_dir: Path, out: Path, backend: str, args) -> list[str]:
             f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.length}",
             f"rollout.min_new_tokens={args.length}", *BACKENDS[backend], "vllm.kv_cache_gib=2",
             "vllm.max_model_len=512", "eval.every=0", "eval.size=4", "eval.pass_k=0", "compute.threads=2",
-            "log.progress=false", "log.trackers=[]", "log.chart=false", f"train.output_dir={out}"]
+            "log.progress=false", "log.trackers=[]", "log.chart=false", f"train.output_dir={out}", "train.overwrite=true"]
 
 
 def main() -> None:

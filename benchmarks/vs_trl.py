@@ -220,7 +220,7 @@ def run_grpo(case: dict, model_dir: Path, prompts_file: Path, bf16: bool, attn: 
         f"rollout.group_size={case['G']}", f"rollout.max_new_tokens={case['T']}",
         f"rollout.min_new_tokens={case['T']}",
         f"train.prompts_per_step={case['P']}", f"train.steps={steps}", f"train.lr={LR}",
-        f"algo.beta={BETA}", f"train.output_dir={out}", "log.progress=false", "log.samples_every=0",
+        f"algo.beta={BETA}", f"train.output_dir={out}", "train.overwrite=true", "log.progress=false", "log.samples_every=0",
         *extra,
     ])
     result = train(cfg, rewards=[clock])

@@ -169,6 +169,9 @@ class TrainConfig:
     keep_last: int = opt(2, "Complete checkpoints to keep; older ones are deleted.", ge=1)
     resume: str = opt("", "Continue a run: 'auto' takes the newest complete checkpoint in output_dir (or starts "
                           "afresh if there is none); a path names a checkpoint or a run directory.")
+    overwrite: bool = opt(False, "Start a new run in an output_dir that already holds one, deleting that run's "
+                                 "files (config, metrics, samples, chart, trackers' files, checkpoints, model); "
+                                 "without it such a run is refused. Other files there are left alone.")
     max_nonfinite_steps: int = opt(3, "Abort after this many consecutive steps whose loss or gradient is NaN or "
                                       "inf (each such update is skipped).", ge=1)
 
@@ -418,6 +421,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.train.prompts_per_step % world:
         raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number "
                           f"of processes ({world})")
+    if cfg.train.overwrite and cfg.train.resume:
+        raise ConfigError(f"train.overwrite=true would delete the run that train.resume={cfg.train.resume!r} "
+                          "continues; give one of them")
     if len(set(cfg.log.trackers)) < len(cfg.log.trackers):
         raise ConfigError(f"log.trackers={cfg.log.trackers} names a tracker twice; name each at most once")
     if cfg.optim.warmup_steps >= cfg.train.steps:

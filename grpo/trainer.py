@@ -38,6 +38,7 @@ from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
+from grpo.rundir import claim
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
@@ -84,16 +85,19 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # before anything is built or written: a new run refuses a directory that holds one (grpo/rundir.py)
+    ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
+    claim(out, overwrite=cfg.train.overwrite, resuming=ckpt is not None, asked_resume=bool(cfg.train.resume),
+          is_main=dist.is_main)
+    dist.barrier()
     run = _build(cfg, rewards, dist)
     with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
         if hasattr(run.generator, "close"):
             stack.callback(run.generator.close)
-        return _train(cfg, run, dist, out, started)
+        return _train(cfg, run, dist, out, started, ckpt)
 
 
-def _train(cfg: Config, run: _Run, dist: Dist, out: Path, started: float) -> TrainResult:
-    ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
+def _train(cfg: Config, run: _Run, dist: Dist, out: Path, started: float, ckpt: Path | None) -> TrainResult:
     state = _restore(cfg, ckpt, run) if ckpt is not None else TrainState()
     if dist.is_main:
         (out / "config.yaml").write_text(run.config_yaml)

@@ -26,6 +26,7 @@ Every problem with the data is a one-line `DataError` naming the file (or Hub da
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 from collections.abc import Iterator
@@ -238,7 +239,25 @@ def _read_file(file: Path):
         if any(m in reason for m in ("corresponds to no data", "No columns to parse")) \
                 or reason == "StopIteration":  # only a header, [], {} or blank lines
             raise DataError(f"{file} has no rows") from None
+        if _suffix(file) == ".jsonl":  # Arrow's message has no line number: find the line
+            _check_jsonl(file)
         raise DataError(f"cannot read {file}: {reason}") from None
+
+
+def _check_jsonl(file: Path) -> None:
+    """The first line of a JSONL file that is not a JSON object, as a DataError with its file and line number."""
+    with open(file, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line.rstrip("\r\n"))
+            except ValueError as e:
+                raise DataError(f"{file}:{n}: not valid JSON ({getattr(e, 'msg', e)}, column "
+                                f"{getattr(e, 'colno', '?')})") from None
+            if not isinstance(row, dict):
+                raise DataError(f"{file}:{n}: a line must be a JSON object with the columns, not "
+                                f"{type(row).__name__}") from None
 
 
 def _read_hub(name: str, config_name: str | None, split: str):

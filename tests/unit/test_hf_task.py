@@ -184,7 +184,9 @@ def test_missing_file_and_unknown_extension(tmp_path):
 
 @pytest.mark.parametrize("filename, content, pattern", [
     ("d.jsonl", "", r"d\.jsonl is empty$"),
-    ("d.jsonl", '{"question": "q", "answer": 1}\n{"question": "q2", "answer"\n', r"cannot read .*d\.jsonl: "),
+    ("d.jsonl", '{"question": "q", "answer": 1}\n{"question": "q2", "answer"\n',
+     r"d\.jsonl:2: not valid JSON \(Expecting ':' delimiter, column 28\)$"),
+    ("d.jsonl", '{"question": "q", "answer": 1}\n\n[1, 2]\n', r"d\.jsonl:3: a line must be a JSON object"),
     ("d.json", "[1, 2,", r"cannot read .*d\.json: "),
     ("d.csv", "question,answer\n", r"d\.csv has no rows$"),
     ("d.csv", "\n", r"d\.csv has no rows$"),

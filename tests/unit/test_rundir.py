@@ -1,0 +1,61 @@
+"""The run directory: a new run refuses one that holds a run, replaces it only when told, never touches other
+files, and an unwritable directory is one clear error."""
+import os
+from pathlib import Path
+
+import pytest
+
+from grpo.errors import ConfigError
+from grpo.rundir import claim, run_files
+
+
+def old_run(out):
+    (out / "model").mkdir(parents=True)
+    (out / "model" / "model.safetensors").write_bytes(b"weights")
+    (out / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n{"step": 2}\n')
+    (out / "config.yaml").write_text("train: {}\n")
+    (out / "notes.txt").write_text("mine")
+
+
+def test_a_new_run_refuses_a_directory_that_holds_one(tmp_path):
+    old_run(tmp_path)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(ConfigError, match=r"already holds a run \(config.yaml, metrics.jsonl, model/\); continue it "
+                                          r"with train.resume=auto, choose another train.output_dir, or replace it "
+                                          r"with train.overwrite=true"):
+        claim(tmp_path, overwrite=False, resuming=False)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # untouched
+    with pytest.raises(ConfigError, match="holds a run .* but no complete checkpoint to resume from"):
+        claim(tmp_path, overwrite=False, resuming=False, asked_resume=True)
+    claim(tmp_path, overwrite=False, resuming=True)  # a resume continues it
+
+
+def test_overwrite_deletes_only_the_run_files(tmp_path):
+    old_run(tmp_path)
+    claim(tmp_path, overwrite=True, resuming=False)
+    assert run_files(tmp_path) == [] and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_empty_or_new_directory_is_fine(tmp_path):
+    claim(tmp_path / "a" / "b", overwrite=False, resuming=False)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "data.jsonl").write_text("{}\n")  # someone else's file is not a run
+    claim(tmp_path / "c", overwrite=False, resuming=False)
+
+
+def test_an_unwritable_directory(tmp_path):
+    if os.geteuid() == 0:  # root writes through file modes; /sys refuses even root
+        where = Path("/sys/grpo-run")
+    else:
+        where = tmp_path / "ro"
+        where.mkdir(mode=0o500)
+    with pytest.raises(ConfigError, match=f"train.output_dir='{where}' cannot be written: "):
+        claim(where, overwrite=False, resuming=False)
+
+
+def test_a_file_is_not_a_directory(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        claim(tmp_path / "f", overwrite=False, resuming=False)
+    with pytest.raises(ConfigError, match="cannot be written"):
+        claim(tmp_path / "f" / "sub", overwrite=False, resuming=False)
