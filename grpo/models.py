@@ -60,6 +60,11 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load model.path {path!r}: {' '.join(str(e).split())[:300]}") from None
+    except Exception as e:  # safetensors' SafetensorError: a damaged or truncated weights file
+        if type(e).__name__ != "SafetensorError":
+            raise
+        raise DataError(f"cannot load model.path {path!r}: its weights file is damaged or incomplete "
+                        f"({' '.join(str(e).split())[:200]}); write or copy it again") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(model)

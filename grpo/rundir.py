@@ -3,6 +3,7 @@ replace one (`train.overwrite`); a resume continues the run it holds. Nothing of
 that instruction, and a directory that cannot be written is one clear error before anything runs."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -20,18 +21,47 @@ def run_files(out: Path) -> list[str]:
     return [n for n in RUN_FILES if (out / n).exists()]
 
 
+def discard_unstarted(out: Path) -> None:
+    """After a new run failed before its first update step: remove what it wrote (config, an evaluation row,
+    trackers' files), so the directory holds no half-written run. A run with an update step logged, a
+    checkpoint or a model keeps everything."""
+    if (out / "checkpoints").exists() or (out / "model").exists() or _logged_a_step(out / "metrics.jsonl"):
+        return
+    for n in run_files(out):
+        path = out / n
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+
+
+def _logged_a_step(metrics: Path) -> bool:
+    try:
+        lines = metrics.read_text().splitlines() if metrics.exists() else []
+    except OSError:
+        return True  # unreadable: keep it
+    for line in lines:
+        try:
+            if json.loads(line).get("step", 0) >= 1:
+                return True
+        except (ValueError, AttributeError):
+            continue
+    return False
+
+
 def claim(out: Path, *, overwrite: bool, resuming: bool, asked_resume: bool = False, is_main: bool = True) -> None:
     """Make `out` ready for a run. A new run (`resuming` False) into a directory that holds one is refused,
-    unless `overwrite`: then the main process deletes that run's files (only those). Every process checks, so
-    every process refuses alike."""
+    unless `overwrite`, or unless `asked_resume` (train.resume=auto found no complete checkpoint) and that run
+    never finished: then the main process deletes that run's files (only those). Every process checks, so every
+    process refuses alike."""
     found = run_files(out) if out.is_dir() else []
     if found and not resuming:
-        if not overwrite:
+        finished = "model" in found or "model-merged" in found
+        # train.resume=auto without a complete checkpoint: a run stopped before its first one starts over, but a
+        # finished run (its model written) is not replaced
+        if not overwrite and not (asked_resume and not finished):
             shown = ", ".join(n + ("/" if (out / n).is_dir() else "") for n in found)
-            if asked_resume:  # train.resume=auto found no complete checkpoint to continue from
-                raise ConfigError(f"train.output_dir={str(out)!r} holds a run ({shown}) but no complete checkpoint "
-                                  "to resume from; choose another train.output_dir, or replace the run with "
-                                  "train.overwrite=true (and no train.resume)")
+            if asked_resume:
+                raise ConfigError(f"train.output_dir={str(out)!r} holds a finished run ({shown}) but no complete "
+                                  "checkpoint to resume from; choose another train.output_dir, or replace the run "
+                                  "with train.overwrite=true (and no train.resume)")
             raise ConfigError(f"train.output_dir={str(out)!r} already holds a run ({shown}); continue it with "
                               "train.resume=auto, choose another train.output_dir, or replace it with "
                               "train.overwrite=true")

@@ -38,7 +38,7 @@ from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
-from grpo.rundir import claim
+from grpo.rundir import claim, discard_unstarted
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
@@ -90,11 +90,16 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     claim(out, overwrite=cfg.train.overwrite, resuming=ckpt is not None, asked_resume=bool(cfg.train.resume),
           is_main=dist.is_main)
     dist.barrier()
-    run = _build(cfg, rewards, dist)
-    with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
-        if hasattr(run.generator, "close"):
-            stack.callback(run.generator.close)
-        return _train(cfg, run, dist, out, started, ckpt)
+    try:
+        run = _build(cfg, rewards, dist)
+        with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
+            if hasattr(run.generator, "close"):
+                stack.callback(run.generator.close)
+            return _train(cfg, run, dist, out, started, ckpt)
+    except BaseException:
+        if ckpt is None and dist.is_main:  # a new run that failed before its first step leaves nothing behind
+            discard_unstarted(out)
+        raise
 
 
 def _train(cfg: Config, run: _Run, dist: Dist, out: Path, started: float, ckpt: Path | None) -> TrainResult:

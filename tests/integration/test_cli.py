@@ -99,3 +99,20 @@ def test_a_reward_module_in_the_current_directory(tmp_path, random_model_dir):
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[1]["reward/my_rewards:brevity"] < 0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage"])
+@pytest.mark.parametrize("command", ["train", "eval", "sample"])
+def test_damaged_weights_are_one_line(tmp_path, random_model_dir, command, damage):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(random_model_dir, model)
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[:len(data) // 2] if damage == "truncate" else b"not a safetensors file")
+    r = grpo(command, f"model.path={model}", f"train.output_dir={tmp_path / 'run'}")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip() == (f"grpo: error: cannot load model.path '{model}': its weights file is damaged or "
+                                f"incomplete ({r.stderr.split('incomplete (', 1)[1].split(');')[0]}); write or copy "
+                                "it again")

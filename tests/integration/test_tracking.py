@@ -224,3 +224,4 @@ def test_wandb_without_a_key_is_one_clear_error(tmp_path, random_model_dir, monk
     assert r.returncode == 2, r.stderr[-2000:]
     assert "Traceback" not in r.stderr
     assert "grpo: error: wandb could not start its run" in r.stderr and "WANDB_MODE=offline" in r.stderr
+    assert list((tmp_path / "run").iterdir()) == []  # no half-written run: a retry is not refused

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from grpo.errors import ConfigError
-from grpo.rundir import claim, run_files
+from grpo.rundir import claim, discard_unstarted, run_files
 
 
 def old_run(out):
@@ -25,9 +25,17 @@ def test_a_new_run_refuses_a_directory_that_holds_one(tmp_path):
                                           r"with train.overwrite=true"):
         claim(tmp_path, overwrite=False, resuming=False)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # untouched
-    with pytest.raises(ConfigError, match="holds a run .* but no complete checkpoint to resume from"):
+    with pytest.raises(ConfigError, match="holds a finished run .* but no complete checkpoint to resume from"):
         claim(tmp_path, overwrite=False, resuming=False, asked_resume=True)
     claim(tmp_path, overwrite=False, resuming=True)  # a resume continues it
+
+
+def test_resume_auto_starts_over_a_run_stopped_before_its_first_checkpoint(tmp_path):
+    (tmp_path / "config.yaml").write_text("train: {}\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
+    (tmp_path / "tensorboard").mkdir()
+    claim(tmp_path, overwrite=False, resuming=False, asked_resume=True)
+    assert run_files(tmp_path) == []
 
 
 def test_overwrite_deletes_only_the_run_files(tmp_path):
@@ -59,3 +67,16 @@ def test_a_file_is_not_a_directory(tmp_path):
         claim(tmp_path / "f", overwrite=False, resuming=False)
     with pytest.raises(ConfigError, match="cannot be written"):
         claim(tmp_path / "f" / "sub", overwrite=False, resuming=False)
+
+
+def test_a_run_that_failed_before_its_first_step_leaves_nothing(tmp_path):
+    (tmp_path / "config.yaml").write_text("train: {}\n")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval/accuracy": 0.5}\n')
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "notes.txt").write_text("mine")
+    discard_unstarted(tmp_path)
+    assert run_files(tmp_path) == [] and (tmp_path / "notes.txt").exists()
+    # one that got as far as an update step keeps its files, to be read
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "loss": 0.1}\n')
+    discard_unstarted(tmp_path)
+    assert run_files(tmp_path) == ["metrics.jsonl"]
