@@ -87,6 +87,9 @@ class DataConfig:
     eval_split: str = opt("", "Held-out split of the same dataset (e.g. 'test').")
     eval_fraction: float = opt(0.0, "Else hold out this fraction of the training rows (by a stable hash of the "
                                     "prompt); 0 with no eval_path/eval_split means no evaluation.", ge=0, lt=1)
+    truncate_prompts: Literal["off", "left"] = opt(
+        "off", "A prompt longer than the model's context minus rollout.max_new_tokens is refused at load (off), or "
+               "cut from the left until it fits (left: its first tokens go, the chat template stays).")
 
 
 @dataclass

@@ -1,7 +1,11 @@
-"""The training prompt stream: whole batches of examples in a seeded order, reshuffled every epoch."""
+"""The training prompt stream: whole batches of examples in a seeded order, reshuffled every epoch; and the
+check that every prompt fits the model (`fit_prompts`)."""
 from __future__ import annotations
 
+import dataclasses
 import random
+import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from grpo.errors import DataError
@@ -44,3 +48,64 @@ class PromptStream:
             out.append(self.examples[self._order[self.position]])
             self.position += 1
         return out
+
+
+def fit_prompts(examples: list[Example], render: Callable[[str], str], tokenizer, *, add_special_tokens: bool,
+                limit: int, truncate: str, what: str, why: str) -> list[Example]:
+    """Every prompt must have tokens, and at most `limit` once rendered (`render`: the chat template, or as is).
+    One too long is refused (with the count and the longest) or, with `truncate="left"`, cut from the left until
+    it fits: its first tokens go, the chat template around it stays. `what` names the prompts ("training",
+    "held-out"); `why` says where `limit` comes from. Characters the tokenizer drops are warned about once."""
+    if not examples:
+        return examples
+    raw = tokenizer([e.prompt for e in examples], add_special_tokens=False)["input_ids"]
+    empty = [e.prompt for e, ids in zip(examples, raw) if not ids]
+    if empty:
+        one = len(empty) == 1
+        raise DataError(f"{len(empty)} {what} prompt{'' if one else 's'} tokenize{'s' if one else ''} to nothing (e.g. "
+                        f"{empty[0]!r}): empty, or only characters the tokenizer has no token for")
+    _warn_dropped(examples, raw, tokenizer, what)
+
+    def length(text: str) -> int:
+        return len(tokenizer(render(text), add_special_tokens=add_special_tokens)["input_ids"])
+
+    overhead = length("")  # the template's own tokens; a prompt's rendered length is about this plus its own
+    near = [i for i, ids in enumerate(raw) if len(ids) + overhead > limit - 8]  # only these are rendered
+    too_long = [(i, n) for i in near if (n := length(examples[i].prompt)) > limit]
+    if not too_long:
+        return examples
+    if truncate != "left":
+        i, n = max(too_long, key=lambda t: t[1])
+        raise DataError(f"{len(too_long)} of {len(examples)} {what} prompts have more than {limit} tokens ({why}); "
+                        f"the longest has {n}: {examples[i].prompt[:60]!r}... Shorten them, lower "
+                        "rollout.max_new_tokens, or cut them from the left with data.truncate_prompts=left")
+    out = list(examples)
+    for i, n in too_long:
+        keep = len(raw[i]) - (n - limit)
+        while True:
+            text = tokenizer.decode(raw[i][len(raw[i]) - keep:]) if keep > 0 else ""  # its last `keep` tokens
+            n = length(text)
+            if n <= limit or keep <= 0:
+                break
+            keep -= n - limit
+        if n > limit:
+            raise DataError(f"a {what} prompt cannot fit in {limit} tokens ({why}) even cut to nothing: the chat "
+                            f"template alone has {overhead}")
+        out[i] = dataclasses.replace(examples[i], prompt=text)
+    warnings.warn(f"data.truncate_prompts=left: {len(too_long)} of {len(examples)} {what} prompts were cut from the "
+                  f"left to {limit} tokens ({why})", stacklevel=2)
+    return out
+
+
+def _warn_dropped(examples: list[Example], raw: list[list[int]], tokenizer, what: str) -> None:
+    """Warn once about characters of the prompts that the tokenizer has no token for (and so drops)."""
+    decoded = tokenizer.batch_decode(raw)
+    dropped: dict[str, int] = {}
+    for e, text in zip(examples, decoded):
+        for ch in set(e.prompt) - set(text) - set(" \t\n"):
+            dropped[ch] = dropped.get(ch, 0) + 1
+    if dropped:
+        shown = ", ".join(repr(c) for c, _ in sorted(dropped.items(), key=lambda t: -t[1])[:5])
+        warnings.warn(f"the tokenizer has no token for some characters of the {what} prompts, and drops them: "
+                      f"{shown}{' and others' if len(dropped) > 5 else ''} (in "
+                      f"{max(dropped.values())} prompts or fewer each); the model never sees them", stacklevel=3)

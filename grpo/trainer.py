@@ -14,6 +14,7 @@ built, and the pure functions of `grpo.algo` consume them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import time
 import warnings
@@ -27,9 +28,9 @@ from grpo.checkpoint import (find_checkpoint, full_model_state, incompatible_key
                              save_checkpoint)
 from grpo.collect import Collector, collect
 from grpo.config import Config, to_yaml, validate
-from grpo.data import PromptStream
+from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
-from grpo.envs import build_environment, max_episode_tokens
+from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, prompt_limit
 from grpo.errors import ConfigError, GRPOError
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
@@ -219,8 +220,13 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                       ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations,
                       correction=a.sampler_correction, correction_cap=a.sampler_correction_cap,
                       correction_floor=a.sampler_correction_floor)
-    stream = PromptStream(task.train, cfg.train.prompts_per_step, cfg.train.seed)
-    eval_set = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
+    # every prompt fits the context with room for a completion (refused, or cut from the left)
+    limit, why = prompt_limit(policy, cfg)
+    fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,
+                            add_special_tokens=not m.chat_template, limit=limit, truncate=cfg.data.truncate_prompts,
+                            why=why)
+    stream = PromptStream(fit(task.train, what="training"), cfg.train.prompts_per_step, cfg.train.seed)
+    eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
                 resolve_reward(cfg.eval.reward, field="eval.reward"), to_yaml(cfg))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from grpo.envs.base import Environment
+from grpo.errors import DataError
 from grpo.envs.single_turn import SingleTurn, prompt_formatter
 
 
@@ -37,6 +38,18 @@ def model_context(model, cfg) -> int:
     return positions
 
 
+def prompt_limit(model, cfg) -> tuple[int, str]:
+    """The most tokens a rendered prompt may have: the model's context minus rollout.max_new_tokens; and those
+    figures in words, for errors."""
+    context = model_context(model, cfg)
+    limit = context - cfg.rollout.max_new_tokens
+    why = f"the model's context of {context} minus rollout.max_new_tokens={cfg.rollout.max_new_tokens}"
+    if limit < 1:
+        raise DataError(f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} leaves no room for a prompt in the "
+                        f"model's context of {context} positions")
+    return limit, why
+
+
 def max_episode_tokens(cfg, model) -> int:
     """The most tokens an episode holds after its prompt (L_max of the constant normaliser): one turn's
     rollout.max_new_tokens, or for multi-turn episodes tools.max_tokens (else the model's context)."""
@@ -57,4 +70,4 @@ def build_environment(model, tokenizer, cfg, *, all_finished: Callable[[bool], b
 
 
 __all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "max_episode_tokens", "model_context",
-           "prompt_formatter"]
+           "prompt_formatter", "prompt_limit"]

@@ -8,6 +8,8 @@ from typing import Protocol
 
 import torch
 
+from grpo.errors import DataError
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -122,9 +124,10 @@ def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], add_special_
     """Prompts as token ids: texts tokenized, token lists as they are; an empty prompt is an error."""
     ids = [list(p) if not isinstance(p, str) else tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]
            for p in prompts]
-    if any(len(x) == 0 for x in ids):
-        raise ValueError("a prompt tokenizes to no tokens; a causal LM needs at least one (a non-empty prompt, or "
-                         "a tokenizer that adds BOS)")
+    empty = [p for p, x in zip(prompts, ids) if not x]
+    if empty:
+        raise DataError(f"the prompt {empty[0]!r} tokenizes to no tokens: empty, or only characters the tokenizer "
+                        "has no token for; a causal LM needs at least one")
     return ids
 
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 import transformers
 
+from grpo.errors import DataError
 from grpo.rollout import HFGenerator, Sampling
 from grpo.policy.lean import supported
 from grpo.rollout.lean import LeanDecoding
@@ -97,7 +98,7 @@ def test_unsupported_models_decode_with_transformers():
 def test_prompts_without_tokens_are_refused_clearly():
     model, tok = build("qwen2")  # the character tokenizer adds no BOS: "" is no token at all
     for lean in (True, False):
-        with pytest.raises(ValueError, match="no tokens"):
+        with pytest.raises(DataError, match="the prompt '' tokenizes to no tokens"):
             HFGenerator(model, tok, lean=lean).generate([""], Sampling(n=2, max_new_tokens=3, temperature=0.0))
 
 
