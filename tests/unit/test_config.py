@@ -106,6 +106,8 @@ def test_file_errors(tmp_path):
      "the overlong reward counts one completion's tokens"),
     (["rollout.environment=nope"], "rollout.environment='nope' is not an environment; choose one of 'single_turn', "
                                    "'tools'"),
+    (["train.overwrite=true", "train.resume=auto"], "train.overwrite=true would delete the run that "
+                                                    "train.resume='auto' continues; give one of them"),
 ])
 def test_cross_field_rules_are_checked_at_load(overrides, message):
     with pytest.raises(ConfigError, match=message):
