@@ -108,8 +108,13 @@ def _sample_round(c: Collector, stream: PromptStream, dist: Dist) -> _Scored:
     g = c.sampling.n
     prompts = [e.prompt for e in examples for _ in range(g)]
     scores = score(c.rewards, c.weights, prompts, rollout.texts,
-                   {**example_fields(examples, g), **episode_fields(rollout)})
+                   {**example_fields(examples, g), **episode_fields(rollout), "completion_ids": _ids(rollout)})
     return _Scored(rollout, list(examples), scores, *_step_tensors(c.tokenizer, rollout, scores.steps))
+
+
+def _ids(rollout: Rollout) -> list[list[int]]:
+    """Each completion's generated token ids, EOS included, padding not (TRL's `completion_ids`)."""
+    return [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths.tolist())]
 
 
 def _shard(batch: list, dist: Dist) -> list:

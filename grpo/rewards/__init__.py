@@ -125,9 +125,9 @@ REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "last_number": last_
 
 def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int | None = None,
                   overlong_buffer: int = 0, sandbox_limits=None) -> list[tuple[str, RewardFn]]:
-    """The config's reward functions as (name, function) pairs. `overlong` measures completions in the
-    tokenizer's tokens against `max_new_tokens`, ramping over the last `overlong_buffer` tokens (a quarter of
-    max_new_tokens when 0). `code` runs under `sandbox_limits` (`grpo.sandbox.Limits`; None: the defaults)."""
+    """The config's reward functions as (name, function) pairs. `overlong` counts the tokens each completion
+    generated (EOS included) against `max_new_tokens`, ramping over the last `overlong_buffer` tokens (a quarter
+    of max_new_tokens when 0). `code` runs under `sandbox_limits` (`grpo.sandbox.Limits`; None: the defaults)."""
     out = []
     for name in names:
         fn = resolve_reward(name)
@@ -141,7 +141,7 @@ def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int |
             def tokens(text: str) -> int:
                 return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-            fn = make_overlong_penalty(max_new_tokens, buffer, length_fn=tokens)
+            fn = make_overlong_penalty(max_new_tokens, buffer, length_fn=tokens, generated_tokens=True)
         out.append((name, fn))
     return out
 

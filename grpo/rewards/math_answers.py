@@ -341,8 +341,8 @@ def format_reward(prompts: Sequence[Any], completions: Sequence[str], **_) -> li
 # --------------------------------------------------------------------------------------------------------
 # overlong
 
-def make_overlong_penalty(max_length: int, cache_length: int,
-                          length_fn: Callable[[str], int] = len) -> Callable[..., list[float]]:
+def make_overlong_penalty(max_length: int, cache_length: int, length_fn: Callable[[str], int] = len, *,
+                          generated_tokens: bool = False) -> Callable[..., list[float]]:
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13) as a reward named ``overlong``.
 
     With L = `length_fn(completion)`, L_max = `max_length` and L_cache = `cache_length`:
@@ -352,6 +352,9 @@ def make_overlong_penalty(max_length: int, cache_length: int,
 
     `length_fn` counts characters by default; pass a token counter (and L_max = the generation budget in
     tokens) to follow the paper, e.g. ``lambda t: len(tokenizer(t, add_special_tokens=False).input_ids)``.
+    `generated_tokens=True` counts the tokens the model generated instead (the `completion_ids` the trainer
+    passes, EOS included; `length_fn` only where they are not given), which a re-encoding of the decoded
+    text need not equal.
     """
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length <= 0:
         raise ConfigError(f"overlong penalty: max_length must be a positive integer, got {max_length!r}")
@@ -368,7 +371,9 @@ def make_overlong_penalty(max_length: int, cache_length: int,
             return -1.0
         return (start - length) / cache_length
 
-    def overlong(prompts: Sequence[Any], completions: Sequence[str], **_) -> list[float]:
+    def overlong(prompts: Sequence[Any], completions: Sequence[str], completion_ids=None, **_) -> list[float]:
+        if generated_tokens and completion_ids is not None:
+            return [penalty(len(ids)) for ids in completion_ids]
         return [penalty(length_fn(c if isinstance(c, str) else "")) for c in completions]
 
     overlong.__doc__ = (f"DAPO soft overlong punishment: 0 up to {start}, linear to -1 at {max_length}, "

@@ -223,3 +223,16 @@ def test_dynamic_sampling_with_mask_truncated_drops_groups_that_are_all_truncate
     exp = collect(c, PromptStream([Example(p, "1") for p in ("p0", "p1", "p2", "p3")], 2, seed=0), Dist())
     assert sorted(e.prompt for e in exp.examples) == ["p1", "p2"]  # p0's rewards differ, but it is all masked
     assert exp.loss_mask.sum(1).gt(0).all()
+
+
+def test_rewards_get_the_generated_token_ids():
+    seen = {}
+
+    def spy(prompts, completions, completion_ids, **_):
+        seen["ids"] = completion_ids
+        return [0.0] * len(completions)
+
+    collect(collector(Scripted(EPISODES), [("spy", spy)]), stream(["p0", "p1"]), Dist())
+    texts = [t for p in ("p0", "p1") for t in EPISODES[p]]  # the scripted order (groups may be reordered)
+    expected = sorted(TOK(t, add_special_tokens=False)["input_ids"] + [TOK.eos_token_id] for t in texts)
+    assert sorted(seen["ids"]) == expected  # EOS included, no padding

@@ -230,6 +230,18 @@ def test_overlong_penalty_custom_length_and_name():
     assert fn(prompts=["p"] * 5, completions=words, answer=["a"] * 5) == [0.0, -0.25, -0.5, -1.0, -1.0]
 
 
+def test_overlong_counts_the_generated_tokens_not_a_re_encoding():
+    from grpo.rewards import build_rewards
+    from grpo.tiny import build_char_tokenizer
+
+    ((_, fn),) = build_rewards(["overlong"], tokenizer=build_char_tokenizer(), max_new_tokens=10, overlong_buffer=4)
+    # "ab" decodes from 9 generated tokens (say, tokens that decode to nothing): 9 counts, not the 2 of a
+    # re-encoding; without completion_ids (a direct call) it falls back to re-encoding the text
+    assert fn(prompts=["p", "p"], completions=["ab", "abcdefghij"], completion_ids=[[5] * 9, [5] * 10]) == \
+        [pytest.approx(-0.75), -1.0]
+    assert fn(prompts=["p"], completions=["ab"]) == [0.0]
+
+
 def test_overlong_penalty_hard_cut_and_bad_arguments():
     hard = make_overlong_penalty(5, 0)
     assert hard(prompts=None, completions=["12345", "123456", None]) == [0.0, -1.0, 0.0]
