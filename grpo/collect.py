@@ -112,6 +112,18 @@ def _sample_round(c: Collector, stream: PromptStream, dist: Dist) -> _Scored:
     return _Scored(rollout, list(examples), scores, *_step_tensors(c.tokenizer, rollout, scores.steps))
 
 
+def probe_rewards(rewards, weights, tokenizer, example: Example, *, multi_turn: bool) -> None:
+    """Call every reward function once, on `example` with its own answer as the completion, so that a broken
+    function fails in seconds, before the model's engine starts and before the first evaluation, with the
+    error `score` gives (naming the function)."""
+    text = str(example.answer)
+    fields = {**example_fields([example]), "completion_ids": [tokenizer(text, add_special_tokens=False)["input_ids"]]}
+    if multi_turn:
+        fields.update(messages=[[{"role": "user", "content": example.prompt}, {"role": "assistant", "content": text}]],
+                      turn_ends=[[len(text)]])
+    score(rewards, weights, [example.prompt], [text], fields)
+
+
 def _ids(rollout: Rollout) -> list[list[int]]:
     """Each completion's generated token ids, EOS included, padding not (TRL's `completion_ids`)."""
     return [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths.tolist())]

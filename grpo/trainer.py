@@ -26,7 +26,7 @@ import yaml
 
 from grpo.checkpoint import (find_checkpoint, full_model_state, incompatible_keys, load_checkpoint, rng_states,
                              save_checkpoint)
-from grpo.collect import Collector, collect
+from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
@@ -205,6 +205,9 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     else:
         reward_fns = build_rewards(cfg.rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
                                    overlong_buffer=cfg.overlong_buffer, sandbox_limits=Limits.from_config(cfg.sandbox))
+    if task.train:  # a broken reward fails now, in seconds (an empty training set is refused below)
+        probe_rewards(reward_fns, cfg.reward_weights, tokenizer, task.train[0],
+                      multi_turn=cfg.rollout.environment != "single_turn")
     optimizer, scheduler = build_optimizer((p for p in trainable.parameters() if p.requires_grad), cfg.optim,
                                            cfg.train.lr, cfg.train.steps)
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built

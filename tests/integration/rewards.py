@@ -18,3 +18,8 @@ def odd_length(prompts, completions, **_):
 def never_applies(prompts, completions, **_):
     """None for every completion: no step has a reward."""
     return [None] * len(completions)
+
+
+def raises(prompts, completions, **_):
+    """Always fails: a broken reward function."""
+    return [1.0 / 0 for _ in completions]

@@ -116,3 +116,13 @@ def test_damaged_weights_are_one_line(tmp_path, random_model_dir, command, damag
     assert r.stderr.strip() == (f"grpo: error: cannot load model.path '{model}': its weights file is damaged or "
                                 f"incomplete ({r.stderr.split('incomplete (', 1)[1].split(');')[0]}); write or copy "
                                 "it again")
+
+
+def test_a_broken_reward_fails_before_the_first_evaluation_and_leaves_no_run(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    r = grpo("train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST, "eval.size=400",
+             "rewards=[tests.integration.rewards:raises]")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().startswith("grpo: error: reward function 'tests.integration.rewards:raises' raised "
+                                       "ZeroDivisionError: float division by zero on prompt ")
+    assert "held-out accuracy" not in r.stdout and list(out.iterdir()) == []
