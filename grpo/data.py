@@ -64,7 +64,7 @@ def fit_prompts(examples: list[Example], render: Callable[[str], str], tokenizer
         one = len(empty) == 1
         raise DataError(f"{len(empty)} {what} prompt{'' if one else 's'} tokenize{'s' if one else ''} to nothing (e.g. "
                         f"{empty[0]!r}): empty, or only characters the tokenizer has no token for")
-    _warn_dropped(examples, raw, tokenizer, what)
+    _warn_dropped(examples, tokenizer, what)
 
     def length(text: str) -> int:
         return len(tokenizer(render(text), add_special_tokens=add_special_tokens)["input_ids"])
@@ -97,15 +97,14 @@ def fit_prompts(examples: list[Example], render: Callable[[str], str], tokenizer
     return out
 
 
-def _warn_dropped(examples: list[Example], raw: list[list[int]], tokenizer, what: str) -> None:
-    """Warn once about characters of the prompts that the tokenizer has no token for (and so drops)."""
-    decoded = tokenizer.batch_decode(raw)
-    dropped: dict[str, int] = {}
-    for e, text in zip(examples, decoded):
-        for ch in set(e.prompt) - set(text) - set(" \t\n"):
-            dropped[ch] = dropped.get(ch, 0) + 1
-    if dropped:
-        shown = ", ".join(repr(c) for c, _ in sorted(dropped.items(), key=lambda t: -t[1])[:5])
+def _warn_dropped(examples: list[Example], tokenizer, what: str) -> None:
+    """Warn once about characters of the prompts that the tokenizer has no token for (and so drops): each
+    distinct character is encoded and decoded once, not every prompt."""
+    chars = set().union(*(e.prompt for e in examples)) - set(" \t\n")
+    lost = {ch for ch in chars if ch not in tokenizer.decode(tokenizer(ch, add_special_tokens=False)["input_ids"])}
+    if lost:
+        counts = {ch: sum(ch in e.prompt for e in examples) for ch in lost}
+        shown = ", ".join(repr(c) for c, _ in sorted(counts.items(), key=lambda t: -t[1])[:5])
         warnings.warn(f"the tokenizer has no token for some characters of the {what} prompts, and drops them: "
-                      f"{shown}{' and others' if len(dropped) > 5 else ''} (in "
-                      f"{max(dropped.values())} prompts or fewer each); the model never sees them", stacklevel=3)
+                      f"{shown}{' and others' if len(counts) > 5 else ''} (in "
+                      f"{max(counts.values())} prompts or fewer each); the model never sees them", stacklevel=3)

@@ -4,7 +4,6 @@ that instruction, and a directory that cannot be written is one clear error befo
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -77,5 +76,3 @@ def claim(out: Path, *, overwrite: bool, resuming: bool, asked_resume: bool = Fa
             pass
     except OSError as e:
         raise ConfigError(f"train.output_dir={str(out)!r} cannot be written: {e.strerror or e}") from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(f"train.output_dir={str(out)!r} cannot be written: permission denied")

@@ -126,7 +126,19 @@ class TensorBoard:
         self._writer.close()
 
 
-class Wandb:
+class _LibraryRun:
+    """What W&B and Trackio share: a run object with `log(values, step=)` and a `Table(columns=, data=)` type in
+    the library's module (`self._lib`)."""
+
+    def log(self, step: int, metrics: dict) -> None:
+        self._run.log(scalars(metrics), step=step)
+
+    def samples(self, step: int, rows: list[dict]) -> None:
+        columns, data = table(rows)
+        self._run.log({"samples": self._lib.Table(columns=columns, data=data)}, step=step)
+
+
+class Wandb(_LibraryRun):
     """A W&B run with the id kept in tracking.json; its files go to <output_dir>/wandb. WANDB_MODE=offline logs
     without a network (`wandb sync` uploads later); WANDB_ENTITY and the other WANDB_* settings apply."""
 
@@ -135,7 +147,7 @@ class Wandb:
     def __init__(self, out_dir: Path, config: dict, project: str, name: str, run_id: str, resuming: bool):
         import wandb
 
-        self._wandb = wandb
+        self._lib = wandb
         try:
             self._run = wandb.init(project=project, name=name, id=run_id, dir=str(out_dir), config=config,
                                    resume="allow" if resuming else "never", reinit="create_new")
@@ -143,18 +155,11 @@ class Wandb:
             raise GRPOError(f"wandb could not start its run: {' '.join(str(e).split())[:300]} (set WANDB_MODE="
                             "offline to log locally and upload later with wandb sync)") from None
 
-    def log(self, step: int, metrics: dict) -> None:
-        self._run.log(scalars(metrics), step=step)
-
-    def samples(self, step: int, rows: list[dict]) -> None:
-        columns, data = table(rows)
-        self._run.log({"samples": self._wandb.Table(columns=columns, data=data)}, step=step)
-
     def close(self, failed: bool = False) -> None:
         self._run.finish(exit_code=1 if failed else 0)
 
 
-class Trackio:
+class Trackio(_LibraryRun):
     """A Trackio run in its local store (TRACKIO_DIR, default ~/.cache/huggingface/trackio; `trackio show`
     opens the dashboard), or on a Hugging Face Space with TRACKIO_SPACE_ID. A resumed run continues the latest
     run of that name in the project."""
@@ -164,22 +169,15 @@ class Trackio:
     def __init__(self, config: dict, project: str, name: str, resuming: bool):
         import trackio
 
-        self._trackio = trackio
+        self._lib = trackio
         try:
             self._run = trackio.init(project=project, name=name, config=config,
                                      resume="allow" if resuming else "never")
         except Exception as e:  # a project name it refuses, a Space without a Hugging Face login
             raise GRPOError(f"trackio could not start its run: {' '.join(str(e).split())[:300]}") from None
 
-    def log(self, step: int, metrics: dict) -> None:
-        self._run.log(scalars(metrics), step=step)
-
-    def samples(self, step: int, rows: list[dict]) -> None:
-        columns, data = table(rows)
-        self._run.log({"samples": self._trackio.Table(columns=columns, data=data)}, step=step)
-
     def close(self, failed: bool = False) -> None:
-        if self._trackio.context_vars.current_run.get() is self._run:
-            self._trackio.finish()  # also un-registers it, or trackio would finish it again at exit
+        if self._lib.context_vars.current_run.get() is self._run:
+            self._lib.finish()  # also un-registers it, or trackio would finish it again at exit
         else:
             self._run.finish()
