@@ -216,19 +216,36 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
 # ---------------------------------------------------------------------------------------------------------
 # what a resume may change
 
-# Keys whose change would make the resumed run differ from an uninterrupted one. Anything else (steps to run,
-# logging, evaluation, where the model runs, micro-batch size, threads) may change on resume.
-EXACT = ("model.path", "model.dtype", "data.", "rollout.", "algo.", "optim.", "rewards", "reward_weights",
-         "train.prompts_per_step", "train.lr", "train.seed")
+# The rule is inverted: a resume must continue the uninterrupted run, so every key must equal the checkpoint's
+# except these, which cannot change what is trained (how long, how often to save and evaluate, logging, where the
+# run is written, when to give up on non-finite steps, how long to wait for the engine)...
+FREE = ("train.steps", "train.save_every", "train.keep_last", "train.resume", "train.overwrite", "train.output_dir",
+        "train.max_nonfinite_steps", "eval.every", "log.", "vllm.timeout_s")
+# ...and these, which change memory or speed and with them the floating-point rounding, never the mathematics: a
+# resume may change them (on a machine with less memory or other cores), with a warning that the run is then no
+# longer bit for bit the uninterrupted one.
+ROUNDING = ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads",
+            "vllm.gpu_memory_utilization", "vllm.kv_cache_gib")
 
 
-def incompatible_keys(saved: dict, current: dict, defaults: dict | None = None) -> list[str]:
-    """Dotted keys that differ between two resolved configs in a way that breaks exactness. A key the saved
-    config lacks (written before the option existed) counts as its value in `defaults`."""
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
+
+
+def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> tuple[list[str], list[str]]:
+    """The dotted keys that differ between a checkpoint's config and the current one, as "key: old -> new":
+    those a resume must refuse (every key outside FREE and ROUNDING), and those it allows at the cost of exact
+    rounding (ROUNDING). A key the saved config lacks (written before the option existed) counts as its value in
+    `defaults`."""
     a, b = {**flatten(defaults or {}), **flatten(saved)}, flatten(current)
-    out = []
+    refused, rounding = [], []
     for key in sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key) and any(key == e or (e.endswith(".") and key.startswith(e)) or
-                                             key.startswith(e + ".") for e in EXACT):
-            out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
-    return out
+        if a.get(key) == b.get(key) or _matches(key, FREE):
+            continue
+        (rounding if _matches(key, ROUNDING) else refused).append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return refused, rounding
+
+
+def may_change() -> str:
+    """The keys a resume may change, for its error message."""
+    return ", ".join(p + "*" if p.endswith(".") else p for p in FREE + ROUNDING)

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.checkpoint import (find_checkpoint, full_model_state, incompatible_keys, load_checkpoint, rng_states,
-                             save_checkpoint)
+from grpo.checkpoint import (config_changes, find_checkpoint, full_model_state, load_checkpoint, may_change,
+                             rng_states, save_checkpoint)
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
@@ -240,10 +240,14 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
     if "optim" not in saved:
         raise ConfigError(f"cannot resume from {ckpt}: it was written by an earlier grpo, before train.* was split "
                           "into train.*, optim.* and compute.*; resume it with the grpo version that wrote it")
-    bad = incompatible_keys(saved, cfg.to_dict(), defaults=Config().to_dict())
-    if bad:
+    refused, rounding = config_changes(saved, cfg.to_dict(), defaults=Config().to_dict())
+    if refused:
         raise ConfigError(f"cannot resume from {ckpt}: the config differs in keys that change the results: "
-                          + "; ".join(bad))
+                          + "; ".join(refused) + f". A resume may change only {may_change()}; to change the "
+                          "others, start a new run")
+    if rounding:
+        warnings.warn(f"resuming with {'; '.join(rounding)}: the same computation in another order, so the run "
+                      "is no longer bit for bit the uninterrupted one (it differs by rounding)", stacklevel=3)
     if saved["train"]["steps"] != cfg.train.steps and cfg.optim.lr_schedule != "constant":
         warnings.warn(f"train.steps changed from {saved['train']['steps']} to {cfg.train.steps}: the "
                       f"{cfg.optim.lr_schedule} LR decay now ends at the new step count", stacklevel=3)

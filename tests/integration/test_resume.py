@@ -97,9 +97,14 @@ def test_config_that_breaks_exactness_is_refused(tmp_path, random_model_dir):
                               "rollout.group_size=8"))
     msg = str(e.value)
     assert "algo.beta: 0.04 -> 0.1" in msg and "rollout.group_size: 4 -> 8" in msg and "\n" not in msg
-    # harmless: more steps, other logging and evaluation settings, micro-batch size
-    result = trainer.train(cfg_for(random_model_dir, out, "train.steps=3", "train.resume=auto",
-                                   "log.samples_every=2", "eval.every=5", "compute.micro_batch_size=4"))
+    assert "A resume may change only train.steps" in msg
+    for change in ("compute.share_prompt=false", "model.logprob_chunk_size=3", "eval.size=4"):  # the rule is inverted
+        with pytest.raises(ConfigError, match=change.partition("=")[0]):
+            trainer.train(cfg_for(random_model_dir, out, "train.steps=3", "train.resume=auto", change))
+    # harmless: more steps, other logging and evaluation cadence; micro-batch size with a warning (rounding)
+    with pytest.warns(UserWarning, match="compute.micro_batch_size: 64 -> 4: the same computation in another order"):
+        result = trainer.train(cfg_for(random_model_dir, out, "train.steps=3", "train.resume=auto",
+                                       "log.samples_every=2", "eval.every=5", "compute.micro_batch_size=4"))
     assert result.steps_done == 3 and [r["step"] for r in rows(out)] == [0, 1, 2, 3]
 
 

@@ -1,0 +1,58 @@
+"""What a resume may change (grpo/checkpoint.py): every key except a short list of harmless ones is refused."""
+import pytest
+
+from grpo.checkpoint import FREE, ROUNDING, config_changes, may_change
+from grpo.config import Config, flatten, load_config
+
+DEFAULTS = Config().to_dict()
+
+# each changes what is trained, so a resume with it differs from the uninterrupted run (the issue's list first)
+REFUSED = ["model.chat_template=true", "model.system_prompt=Be brief.", "overlong_buffer=4", "model.autocast_bf16=true",
+           "compute.share_prompt=false", "compute.lean_forward=false", "compute.sharding=fsdp",
+           "model.logprob_chunk_size=7", "model.path=elsewhere", "model.gradient_checkpointing=true",
+           "model.attn_implementation=eager", "model.device=cpu", "rollout.temperature=0.7", "algo.beta=0.1",
+           "optim.adam_beta2=0.999", "train.lr=1e-3", "train.seed=3", "train.prompts_per_step=8",
+           "rewards=[exact_match]", "reward_weights=[2.0]", "data.task=linear", "lora.rank=4",
+           "tools.max_turns=2", "sandbox.timeout_s=2", "eval.size=5", "eval.pass_k=0", "eval.reward=exact_match",
+           "vllm.enforce_eager=false", "vllm.max_model_len=512"]
+FREE_CHANGES = ["train.steps=500", "train.save_every=5", "train.keep_last=4", "train.resume=auto",
+                "train.output_dir=other", "train.max_nonfinite_steps=9", "eval.every=3", "log.samples_every=1",
+                "log.trackers=[]", "log.progress=false", "log.run_name=x", "vllm.timeout_s=60"]
+ROUNDING_CHANGES = ["compute.micro_batch_size=4", "compute.micro_batch_tokens=256", "compute.threads=1",
+                    "vllm.gpu_memory_utilization=0.5", "vllm.kv_cache_gib=2"]
+
+
+def changes(override):
+    return config_changes(DEFAULTS, load_config(None, [override]).to_dict(), DEFAULTS)
+
+
+@pytest.mark.parametrize("override", REFUSED)
+def test_a_change_of_results_is_refused(override):
+    refused, rounding = changes(override)
+    key = override.partition("=")[0]
+    assert len(refused) == 1 and refused[0].startswith(f"{key}: ") and rounding == []
+
+
+@pytest.mark.parametrize("override", FREE_CHANGES)
+def test_harmless_keys_may_change(override):
+    assert changes(override) == ([], [])
+
+
+@pytest.mark.parametrize("override", ROUNDING_CHANGES)
+def test_memory_and_thread_keys_change_only_rounding(override):
+    refused, rounding = changes(override)
+    assert refused == [] and len(rounding) == 1 and rounding[0].startswith(override.partition("=")[0] + ": ")
+
+
+def test_every_listed_key_exists_and_is_named_in_the_error():
+    keys = flatten(DEFAULTS)
+    for pattern in FREE + ROUNDING:  # a misspelt entry would leave its key refused, or allow nothing
+        assert any(k == pattern or (pattern.endswith(".") and k.startswith(pattern)) for k in keys), pattern
+        assert pattern.rstrip(".") in may_change()
+
+
+def test_a_key_the_checkpoint_lacks_counts_as_its_default():
+    saved = {k: v for k, v in DEFAULTS.items() if k != "overlong_buffer"}  # written before the option existed
+    assert config_changes(saved, DEFAULTS, DEFAULTS) == ([], [])
+    assert config_changes(saved, load_config(None, ["overlong_buffer=3"]).to_dict(), DEFAULTS)[0] == [
+        "overlong_buffer: 0 -> 3"]
