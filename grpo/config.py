@@ -63,7 +63,10 @@ class LoraConfig:
     rank: int = opt(0, "LoRA rank r; 0 trains all weights. With LoRA the reference log-probs come from the same "
                        "model with the adapter disabled (no second copy).", ge=0)
     alpha: float = opt(16.0, "LoRA scaling numerator (the update is scaled by alpha / rank).", gt=0)
-    dropout: float = opt(0.0, "Dropout on the LoRA input (0 keeps sampling and training consistent).", ge=0, lt=1)
+    dropout: float = opt(0.0, "Dropout on the LoRA input: must be 0. Any other value is refused, since dropout "
+                              "would make the training pass a different network from the policy that sampled "
+                              "and from its old log-probs, and the ratio would measure the dropout noise "
+                              "(docs/training.md).", ge=0, lt=1)
     target_modules: list[str] = opt(["all-linear"], "Module names to adapt, or ['all-linear'] for every linear "
                                                     "layer except the output projection.")
     save_merged: bool = opt(False, "Also save the weights with the adapter merged into <output_dir>/model-merged.")
@@ -419,6 +422,10 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.vllm.max_model_len and cfg.vllm.max_model_len <= cfg.rollout.max_new_tokens:
         raise ConfigError(f"vllm.max_model_len={cfg.vllm.max_model_len} leaves no room for a prompt: it must be "
                           f"more than rollout.max_new_tokens={cfg.rollout.max_new_tokens} (or 0, the model's)")
+    if cfg.lora.dropout:
+        raise ConfigError(f"lora.dropout={cfg.lora.dropout:g} is not supported: GRPO's ratio compares the training "
+                          "pass with the log-probs of the policy that sampled, and dropout in the training pass "
+                          "only would make them different networks; set lora.dropout=0")
     if cfg.lora.rank and cfg.compute.sharding == "fsdp":
         raise ConfigError("lora.rank > 0 with compute.sharding=fsdp is not supported; use compute.sharding=ddp")
     if cfg.train.prompts_per_step % world:

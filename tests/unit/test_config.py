@@ -94,6 +94,7 @@ def test_file_errors(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["lora.rank=4", "compute.sharding=fsdp"], "lora.rank > 0 with compute.sharding=fsdp is not supported"),
+    (["lora.rank=4", "lora.dropout=0.05"], "lora.dropout=0.05 is not supported: GRPO.s ratio compares"),
     (["rewards=[overlong]", "overlong_buffer=33"], "overlong_buffer=33 is larger than rollout.max_new_tokens=32"),
     (["rollout.environment=tools"], "rollout.environment=tools renders episodes with the chat template"),
     (["rollout.environment=tools", "model.chat_template=true", "tools.names=[]"], "tools.names is empty"),
