@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from grpo.config import flatten
-from grpo.errors import ConfigError
+from grpo.errors import ConfigError, WriteError, os_reason, write_failure
 
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
@@ -101,13 +101,40 @@ def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rn
     final = root / f"step-{step:08d}"
     if not is_main:
         return final
-    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    try:
+        _write(tmp, final, step, weights, optim, scheduler, rng, state, config_yaml)
+    except OSError as e:  # a full disk, a quota: nothing half-written stays, and the message says where to resume
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WriteError(f"could not write the checkpoint of step {step} into {root}: {os_reason(e)}; "
+                         f"{resume_hint(run_dir)}") from None
+    _prune(root, keep_last)
+    return final
+
+
+def resume_hint(run_dir: Path) -> str:
+    """Where a run stopped by a failed write can continue from: its newest complete checkpoint, if any."""
+    done = [p for p in sorted(checkpoint_root(run_dir).glob("step-*")) if (p / MARKER).exists()]
+    if not done:
+        return "no complete checkpoint was written before, so the run has to start over"
+    return f"the last good checkpoint is {done[-1]}: make room and continue with train.resume=auto"
+
+
+def _write(tmp: Path, final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml) -> None:
+    """The checkpoint's files into `tmp`, each synced, the marker last, then renamed to `final`."""
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_file(weights, str(tmp / "model.safetensors"))
-    torch.save(optim, tmp / "optimizer.pt")
-    torch.save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
+    try:
+        save_file(weights, str(tmp / "model.safetensors"))
+    except Exception as e:  # safetensors' SafetensorError: the reason is in its message
+        failed = write_failure(e)
+        if failed is None:
+            raise
+        raise OSError(failed.errno, failed.strerror, str(tmp / "model.safetensors")) from None
+    _torch_save(optim, tmp / "optimizer.pt")
+    _torch_save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "config.yaml").write_text(config_yaml)
     files = {}
@@ -121,8 +148,35 @@ def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rn
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync(root)
-    _prune(root, keep_last)
-    return final
+
+
+class _Writes:
+    """A file torch.save writes through, keeping the OSError of a failed write (torch reports it as a
+    RuntimeError without the reason: "unexpected pos 704 vs 598")."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data) -> int:
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _torch_save(obj, path: Path) -> None:
+    with open(path, "wb") as f:
+        out = _Writes(f)
+        try:
+            torch.save(obj, out)
+        except RuntimeError:
+            if out.error is None:
+                raise
+            raise OSError(out.error.errno, out.error.strerror, str(path)) from None
 
 
 def _prune(root: Path, keep_last: int) -> None:

@@ -1,4 +1,6 @@
 """Errors a user can fix: the CLI prints them as one line and exits non-zero, without a traceback."""
+import errno
+import os
 
 
 class GRPOError(Exception):
@@ -11,6 +13,33 @@ class ConfigError(GRPOError):
 
 class DataError(GRPOError):
     """A model, data set or reward function cannot be used as given."""
+
+
+class WriteError(GRPOError):
+    """A run's output could not be written (a full disk, a quota, a file-size limit, permissions)."""
+
+
+# errnos of a write that failed for want of room: a full disk, a quota, a file-size limit
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def write_failure(e: BaseException) -> OSError | None:
+    """The OSError behind a failed write: `e` itself, or the one safetensors reports inside its SafetensorError
+    ("I/O error: No space left on device (os error 28)"); None if `e` is not a failed write."""
+    import re
+
+    if isinstance(e, OSError):
+        return e
+    if type(e).__name__ != "SafetensorError" or "I/O error" not in str(e):
+        return None
+    code = re.search(r"os error (\d+)", str(e))
+    return OSError(int(code[1]), os.strerror(int(code[1]))) if code else OSError(errno.EIO, " ".join(str(e).split()))
+
+
+def os_reason(e: OSError) -> str:
+    """An OSError as its reason and the file it concerns: "No space left on device (writing model.safetensors)"."""
+    reason = e.strerror or " ".join(str(e).split()) or type(e).__name__
+    return f"{reason} (writing {os.path.basename(e.filename)})" if e.filename else reason
 
 
 def import_callable(name: str, *, field: str, what: str):

@@ -71,8 +71,7 @@ class RunLogger:
             return
         row = {"step": step, **{k: _finite_or_none(_plain(v)) for k, v in metrics.items()}}
         row["perf/elapsed_seconds"] = self._elapsed_before + time.perf_counter() - self._started
-        self._metrics.write(json.dumps(row, allow_nan=False) + "\n")  # strict JSON: NaN and inf are null
-        self._metrics.flush()
+        _append(self._metrics, json.dumps(row, allow_nan=False) + "\n")  # strict JSON: NaN and inf are null
         for t in self._trackers:
             if step > self._skip.get(t.name, -1):
                 t.log(step, row)
@@ -91,10 +90,9 @@ class RunLogger:
     def samples(self, step: int, rows: list[dict]) -> None:
         if not self.enabled:
             return
-        for r in rows:  # tool arguments may be any literal (repr); a NaN reward or advantage is null
-            line = {"step": step, **{k: _finite_or_none(v) for k, v in r.items()}}
-            self._samples.write(json.dumps(line, default=repr, allow_nan=False) + "\n")
-        self._samples.flush()
+        lines = ({"step": step, **{k: _finite_or_none(v) for k, v in r.items()}} for r in rows)
+        # tool arguments may be any literal (repr); a NaN reward or advantage is null
+        _append(self._samples, "".join(json.dumps(x, default=repr, allow_nan=False) + "\n" for x in lines))
         for t in self._trackers:
             if step > self._skip.get(t.name, -1):
                 t.samples(step, rows)
@@ -115,10 +113,29 @@ class RunLogger:
                 t.close(failed)
             except Exception as e:  # the run's own files are written: a tracker's failure to finish is not the run's
                 warnings.warn(f"{t.name} did not close cleanly: {' '.join(str(e).split())[:300]}", stacklevel=2)
-        self._metrics.close()
-        self._samples.close()
+        # after a failure (a full disk, say) closing and drawing may fail too: the first error is the one to report
+        _finish(self._metrics.close, failed)
+        _finish(self._samples.close, failed)
         if self.cfg.chart:
-            draw_chart(self.history, self.out_dir / "chart.png")
+            _finish(lambda: draw_chart(self.history, self.out_dir / "chart.png"), failed)
+
+
+def _finish(close, failed: bool) -> None:
+    """Call `close`; when the run has already failed, an OSError from it is dropped (the first error is reported)."""
+    try:
+        close()
+    except OSError:
+        if not failed:
+            raise
+
+
+def _append(f, text: str) -> None:
+    """Write and flush; a failed write (a full disk) names the file."""
+    try:
+        f.write(text)
+        f.flush()
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, f.name) from None
 
 
 def _replay(tracker, history: list[dict], samples: list[dict]) -> None:

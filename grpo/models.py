@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import LoraConfig, ModelConfig
-from grpo.errors import ConfigError, DataError
+from grpo.errors import ConfigError, DataError, WriteError, os_reason, write_failure
 
 TINY = "tiny"
 
@@ -113,14 +113,21 @@ def frozen_copy(model):
 
 
 def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig) -> None:
-    """The trained model via save_pretrained: full weights, or the LoRA adapter (plus merged weights if asked)."""
-    if is_lora(model):
-        model.save_pretrained(out / "model")
-        tokenizer.save_pretrained(out / "model")
-        if lora.save_merged:
-            merged = model.merge_and_unload()
-            merged.save_pretrained(out / "model-merged")
-            tokenizer.save_pretrained(out / "model-merged")
-        return
-    model.save_pretrained(out / "model", state_dict=state_dict)
-    tokenizer.save_pretrained(out / "model")
+    """The trained model via save_pretrained: full weights, or the LoRA adapter (plus merged weights if asked).
+    Each directory is written beside its place and renamed into it (grpo/rundir.py `replace_dir`), so a kill or a
+    full disk never leaves a half-written `model/`; a failed write raises WriteError."""
+    from grpo.rundir import replace_dir
+
+    try:
+        with replace_dir(out / "model") as tmp:
+            model.save_pretrained(tmp, **({} if is_lora(model) else {"state_dict": state_dict}))
+            tokenizer.save_pretrained(tmp)
+        if is_lora(model) and lora.save_merged:
+            with replace_dir(out / "model-merged") as tmp:
+                model.merge_and_unload().save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+    except Exception as e:  # an OSError, or safetensors' SafetensorError around one
+        failed = write_failure(e)
+        if failed is None:
+            raise
+        raise WriteError(f"could not write the trained model into {out}: {os_reason(failed)}") from None

@@ -3,7 +3,9 @@ replace one (`train.overwrite`); a resume continues the run it holds. Nothing of
 that instruction, and a directory that cannot be written is one clear error before anything runs."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -15,9 +17,34 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "chart.png", "trac
              "wandb", "checkpoints", "model", "model-merged")
 
 
+# what a final save killed midway leaves (`replace_dir`); removed by the next save, or with the run's files
+LEFTOVERS = (".tmp-model*", ".old-model*")
+
+
 def run_files(out: Path) -> list[str]:
-    """The run outputs `out` holds (names of RUN_FILES that exist there)."""
-    return [n for n in RUN_FILES if (out / n).exists()]
+    """The run outputs `out` holds (names of RUN_FILES that exist there, and a killed final save's leftovers)."""
+    return [n for n in RUN_FILES if (out / n).exists()] + sorted(p.name for g in LEFTOVERS for p in out.glob(g))
+
+
+@contextlib.contextmanager
+def replace_dir(final: Path):
+    """Yield an empty temporary directory beside `final`, which replaces `final` when the block ends; if the block
+    fails it is removed and `final` is left as it was. A process killed inside the block leaves only the
+    temporary directory (never a half-written `final`), which the next call removes."""
+    for left in final.parent.glob(f".tmp-{final.name}-*"):
+        shutil.rmtree(left, ignore_errors=True)
+    tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.with_name(f".old-{final.name}-{os.getpid()}")
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def discard_unstarted(out: Path) -> None:

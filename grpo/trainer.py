@@ -25,13 +25,13 @@ import torch
 import yaml
 
 from grpo.checkpoint import (config_changes, find_checkpoint, full_model_state, load_checkpoint, may_change,
-                             rng_states, save_checkpoint)
+                             resume_hint, rng_states, save_checkpoint)
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
 from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, prompt_limit
-from grpo.errors import ConfigError, GRPOError
+from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, os_reason, write_failure
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
 from grpo.metrics import RunLogger, sample_rows, step_metrics
@@ -97,9 +97,12 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
             if hasattr(run.generator, "close"):
                 stack.callback(run.generator.close)
             return _train(cfg, run, dist, out, started, ckpt)
-    except BaseException:
+    except BaseException as e:
         if ckpt is None and dist.is_main:  # a new run that failed before its first step leaves nothing behind
             discard_unstarted(out)
+        failed = write_failure(e) if isinstance(e, Exception) else None
+        if failed is not None and failed.errno in NO_ROOM:  # metrics, samples, a tracker's files: one line
+            raise WriteError(f"could not write into {out}: {os_reason(failed)}; {resume_hint(out)}") from None
         raise
 
 
@@ -160,7 +163,10 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
     if result.stopped_by is None:
         weights = None if is_lora(run.policy) else full_model_state(run.policy)  # every process, under FSDP
         if dist.is_main:
-            save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora)
+            try:
+                save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora)
+            except WriteError as e:
+                raise WriteError(f"{e}; {resume_hint(out)}") from None
     return result
 
 

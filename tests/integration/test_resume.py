@@ -1,4 +1,5 @@
 """Checkpoints: exact resume, torn checkpoints, SIGKILL at random moments, SIGTERM, NaN steps, config checks."""
+import errno
 import json
 import random
 import signal
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 import grpo.trainer as trainer
 from grpo.checkpoint import MARKER, checkpoint_root, find_checkpoint
 from grpo.config import load_config
-from grpo.errors import ConfigError
+from grpo.errors import ConfigError, GRPOError
 
 FAST = ["rollout.group_size=4", "train.prompts_per_step=3", "rollout.max_new_tokens=5", "eval.size=8",
         "eval.pass_k=2", "log.progress=false", "log.trackers=[]", "log.chart=false", "train.lr=1e-3",
@@ -237,3 +238,104 @@ def test_second_signal_exits_at_once(tmp_path, random_model_dir):
     code = proc.wait(timeout=60)
     assert code == 130 and "second SIGINT: exiting now" in proc.stderr.read()
     assert (out / "metrics.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a full disk
+
+def _no_room_on(call: int, real):
+    """`real`, except that its `call`-th call fails as a full disk does, leaving a partial file."""
+    calls = {"n": 0}
+
+    def write(obj, path, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            Path(path).write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(obj, path, *args, **kwargs)
+    return write
+
+
+def test_full_disk_while_checkpointing_names_the_last_good_one(tmp_path, random_model_dir, monkeypatch):
+    import grpo.checkpoint as checkpoint
+
+    steps = ["train.steps=4", "train.save_every=1", "eval.every=2"]
+    trainer.train(cfg_for(random_model_dir, tmp_path / "straight", *steps))
+    out = tmp_path / "full"
+    monkeypatch.setattr(checkpoint, "_torch_save", _no_room_on(5, checkpoint._torch_save))  # 2 per checkpoint
+    with pytest.raises(GRPOError) as e:
+        trainer.train(cfg_for(random_model_dir, out, *steps))
+    msg = str(e.value)
+    assert msg == (f"could not write the checkpoint of step 3 into {checkpoint_root(out)}: No space left on device "
+                   f"(writing optimizer.pt); the last good checkpoint is {checkpoint_root(out) / 'step-00000002'}: "
+                   "make room and continue with train.resume=auto")
+    assert sorted(p.name for p in checkpoint_root(out).iterdir()) == ["step-00000001", "step-00000002"]  # no temp
+    monkeypatch.undo()
+    result = trainer.train(cfg_for(random_model_dir, out, *steps, "train.resume=auto"))
+    assert result.resumed_from.name == "step-00000002"
+    assert_same_run(tmp_path / "straight", out)
+
+
+def test_full_disk_in_the_final_save_leaves_no_half_written_model(tmp_path, random_model_dir, monkeypatch):
+    from transformers import PreTrainedTokenizerBase
+
+    steps = ["train.steps=2", "train.save_every=1", "eval.every=0"]
+    trainer.train(cfg_for(random_model_dir, tmp_path / "straight", *steps))
+    out = tmp_path / "full"
+
+    def no_room(self, directory, *args, **kwargs):  # the weights are written, then the disk is full
+        (Path(directory) / "tokenizer.json").write_text("{")
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / "tokenizer.json"))
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", no_room)
+    with pytest.raises(GRPOError) as e:
+        trainer.train(cfg_for(random_model_dir, out, *steps))
+    assert str(e.value) == (f"could not write the trained model into {out}: No space left on device (writing "
+                            f"tokenizer.json); the last good checkpoint is {checkpoint_root(out) / 'step-00000002'}: "
+                            "make room and continue with train.resume=auto")
+    assert not (out / "model").exists() and not list(out.glob(".tmp-*"))
+    monkeypatch.undo()
+    result = trainer.train(cfg_for(random_model_dir, out, *steps, "train.resume=auto"))
+    assert result.resumed_from.name == "step-00000002" and result.steps_done == 2
+    assert_same_run(tmp_path / "straight", out)
+
+
+def test_a_real_write_limit_is_one_line_and_leaves_no_temporary_files(tmp_path, random_model_dir):
+    """The operating system refuses the write (RLIMIT_FSIZE: the file-size limit of `ulimit -f`, which any user
+    can set; a full disk fails the same way, ENOSPC instead of EFBIG)."""
+    import resource
+
+    out = tmp_path / "limited"
+    limit = 32 * 1024  # config.yaml and the metrics fit; the checkpoint's weights do not
+    assert (Path(random_model_dir) / "model.safetensors").stat().st_size > limit
+    proc = subprocess.run([sys.executable, "-m", "grpo", "train", f"model.path={random_model_dir}",
+                           f"train.output_dir={out}", *FAST, "train.steps=2", "train.save_every=1"],
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"grpo: error: could not write the checkpoint of step 1 into {checkpoint_root(out)}: File too large "
+        "(writing model.safetensors); no complete checkpoint was written before, so the run has to start over")
+    assert "Traceback" not in proc.stderr and list(checkpoint_root(out).iterdir()) == []
+    # the run logged its first step, so its files stay; train.resume=auto starts it over and finishes
+    assert [r["step"] for r in rows(out)] == [0, 1]
+    again = subprocess.run([sys.executable, "-m", "grpo", "train", f"model.path={random_model_dir}",
+                            f"train.output_dir={out}", *FAST, "train.steps=2", "train.save_every=1",
+                            "train.resume=auto"], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert (out / "model" / "model.safetensors").exists()
+
+
+def test_a_full_disk_while_logging_is_one_line(tmp_path, random_model_dir):
+    import resource
+
+    out = tmp_path / "logging"
+    limit = 6 * 1024  # the config fits; metrics.jsonl reaches the limit within a few steps
+    proc = subprocess.run([sys.executable, "-m", "grpo", "train", f"model.path={random_model_dir}",
+                           f"train.output_dir={out}", *FAST, "train.steps=40", "eval.every=0", "log.samples_every=0"],
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"grpo: error: could not write into {out}: File too large (writing metrics.jsonl); no complete checkpoint "
+        "was written before, so the run has to start over")

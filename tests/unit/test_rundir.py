@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from grpo.errors import ConfigError
-from grpo.rundir import claim, discard_unstarted, run_files
+from grpo.rundir import claim, discard_unstarted, replace_dir, run_files
 
 
 def old_run(out):
@@ -80,3 +80,28 @@ def test_a_run_that_failed_before_its_first_step_leaves_nothing(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "loss": 0.1}\n')
     discard_unstarted(tmp_path)
     assert run_files(tmp_path) == ["metrics.jsonl"]
+
+
+def test_replace_dir_is_all_or_nothing(tmp_path):
+    final = tmp_path / "model"
+    with replace_dir(final) as tmp:
+        (tmp / "a").write_text("1")
+    assert (final / "a").read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    with pytest.raises(OSError), replace_dir(final) as tmp:  # a failed write leaves the old one whole
+        (tmp / "a").write_text("2")
+        raise OSError(28, "No space left on device")
+    assert (final / "a").read_text() == "1" and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    (tmp_path / ".tmp-model-999999").mkdir()  # left by a process killed mid-write: the next write removes it
+    with replace_dir(final) as tmp:
+        (tmp / "b").write_text("3")
+    assert sorted(p.name for p in final.iterdir()) == ["b"] and sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_killed_final_save_is_part_of_the_run(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.yaml").write_text("train: {}\n")
+    (out / ".tmp-model-123").mkdir()
+    assert run_files(out) == ["config.yaml", ".tmp-model-123"]
+    claim(out, overwrite=True, resuming=False)
+    assert list(out.iterdir()) == []

@@ -1,0 +1,125 @@
+"""kill -9 in each phase of a run (sampling, rewards, the update, evaluation, logging, a checkpoint write, the
+final save): `train.resume=auto` always reads what the killed run left and ends in the state of a run that was
+never killed, bit for bit (metrics, samples, weights)."""
+import subprocess
+import sys
+
+import pytest
+
+from test_resume import FAST, assert_same_run, rows
+
+# The runner counts the steps the trainer has begun (its calls of `collect`) and SIGKILLs itself inside the named
+# phase of the given step, at the given call of that phase; a file write is killed half-way through its file.
+RUNNER = r"""
+import os, signal, sys
+from pathlib import Path
+
+phase, at_step, at_call = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+state = {"step": 0, "calls": 0}
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def inject(owner, name, *, half_write=None):
+    real = getattr(owner, name)
+    def wrapper(*args, **kwargs):
+        if state["step"] == at_step:
+            state["calls"] += 1
+            if state["calls"] == at_call:
+                if half_write:
+                    half_write(*args)
+                    die()
+                out = real(*args, **kwargs)  # the phase's work is done, its result never used
+                die()
+        return real(*args, **kwargs)
+    setattr(owner, name, wrapper)
+
+import grpo.trainer as trainer
+real_collect = trainer.collect
+def counting(*args, **kwargs):
+    state["step"] += 1
+    return real_collect(*args, **kwargs)
+trainer.collect = counting
+
+if phase == "sampling":
+    import grpo.rollout.hf as hf
+    inject(hf.HFGenerator, "generate")
+elif phase == "rewards":
+    import grpo.collect as collect
+    inject(collect, "score")
+elif phase == "update":  # between the μ = 2 optimiser steps of a batch
+    import torch
+    inject(torch.optim.AdamW, "step")
+elif phase == "evaluation":
+    inject(trainer, "evaluate")
+elif phase == "logging":  # half a line of samples.jsonl or metrics.jsonl
+    import grpo.metrics as metrics
+    def half(f, text):
+        f.write(text[: len(text) // 2])
+        f.flush()
+    inject(metrics, "_append", half_write=half)
+elif phase == "checkpoint":  # model.safetensors written, optimizer.pt half-way
+    import grpo.checkpoint as checkpoint
+    inject(checkpoint, "_torch_save", half_write=lambda obj, path: Path(path).write_bytes(b"PK\x03\x04 torn"))
+elif phase == "final_save":  # the weights written, the tokenizer half-way
+    from transformers import PreTrainedTokenizerBase
+    inject(PreTrainedTokenizerBase, "save_pretrained",
+           half_write=lambda self, d, *a: (Path(d) / "tokenizer.json").write_text('{"version"'))
+else:
+    raise SystemExit(f"unknown phase {phase}")
+
+from grpo.cli import main
+sys.exit(main(sys.argv[4:]))
+"""
+
+RUN = ["train.steps=4", "train.save_every=2", "train.keep_last=2", "eval.every=2", "algo.num_iterations=2"]
+
+# phase, the step in which to kill (1-based; 4 is the last), the call of the phase within that step
+CASES = [
+    ("sampling", 3, 1),
+    ("rewards", 3, 1),
+    ("update", 3, 2),
+    ("evaluation", 4, 1),
+    ("logging", 3, 1),
+    ("checkpoint", 2, 1),   # the first checkpoint: none is complete, so the run starts over
+    ("checkpoint", 4, 1),   # the last one: the run continues from step 2
+    ("final_save", 4, 1),   # every step done and checkpointed: only the final save is left
+]
+
+
+def grpo_train(model_dir, out, *extra):
+    return ["train", f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *RUN, *extra]
+
+
+@pytest.fixture(scope="module")
+def straight(random_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("faults") / "straight"
+    proc = subprocess.run([sys.executable, "-m", "grpo", *grpo_train(random_model_dir, out)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase, step, call", CASES, ids=[f"{p}-step{s}" for p, s, _ in CASES])
+def test_kill_9_in_each_phase_resumes_to_the_same_end_state(phase, step, call, straight, random_model_dir, tmp_path):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    out = tmp_path / "killed"
+    killed = subprocess.run([sys.executable, str(script), phase, str(step), str(call),
+                             *grpo_train(random_model_dir, out)], capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr  # it died where it was meant to, not later
+    assert not (out / "model").exists()  # never a half-written final model
+    # what the kill left is there for the resume to cope with
+    if phase == "logging":  # a torn line
+        assert any(not f.read_text().endswith("\n") for f in (out / "metrics.jsonl", out / "samples.jsonl"))
+    if phase == "checkpoint":  # a half-written checkpoint beside the complete ones
+        assert [p.name[:18] for p in (out / "checkpoints").glob(".tmp-*")] == [f".tmp-step-{step:08d}"]
+    if phase == "final_save":  # a half-written model beside its place
+        assert len(list(out.glob(".tmp-model-*"))) == 1 and (out / "checkpoints" / "step-00000004").is_dir()
+    resumed = subprocess.run([sys.executable, "-m", "grpo", *grpo_train(random_model_dir, out, "train.resume=auto")],
+                             capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    assert_same_run(straight, out)
+    assert [r["step"] for r in rows(out)] == [0, 1, 2, 3, 4]
