@@ -110,7 +110,11 @@ def wrap_for_training(model, dist: Dist, sharding: str, path: ForwardPath, *,
     or over FSDP2-sharded parameters (in place; `path` must then be `forward_path(..., sharded=True)`)."""
     module = LogprobModule(model, path, train_mode=train_mode)
     if sharding == "fsdp":
+        import torch.distributed as td
         from torch.distributed.fsdp import fully_shard
+        if not td.is_initialized():  # FSDP2 with one process (plain `grpo train`, no torchrun): a group of one
+            td.init_process_group("nccl" if next(model.parameters()).is_cuda else "gloo", store=td.HashStore(),
+                                  rank=0, world_size=1)
         for layer in _decoder_layers(model):
             fully_shard(layer)
         fully_shard(model)

@@ -80,3 +80,11 @@ def test_fsdp2_equals_one_process_and_its_checkpoint_loads_in_one(tmp_path, rand
     # ... and its checkpoint resumes in a single process, ending where the single-process run ends
     grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=2", "train.resume=auto", "eval.every=1", full)
     assert_same(tmp_path / "one", tmp_path / "fsdp", atol=1e-5)
+
+
+def test_fsdp2_in_one_process_without_torchrun(tmp_path, random_model_dir):
+    # plain `grpo train compute.sharding=fsdp`: a process group of one is made for FSDP2 (it needs one)
+    full = "compute.share_prompt=false"
+    grpo_train(tmp_path / "one", random_model_dir, "train.steps=1", "eval.every=1", full)
+    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "eval.every=1", full, "compute.sharding=fsdp")
+    assert_same(tmp_path / "one", tmp_path / "fsdp", atol=1e-5)
