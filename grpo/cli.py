@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import json
 import sys
+import warnings
 from pathlib import Path
 
 from grpo.config import describe_options, load_config
@@ -65,8 +66,22 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """grpo's own warnings as one line, "grpo: warning: ...", like its errors; other libraries' as Python has them."""
+    if str(Path(filename).resolve()).startswith(PACKAGE_DIR) and issubclass(category, UserWarning):
+        return f"grpo: warning: {message}\n"
+    return _python_format(message, category, filename, lineno, line)
+
+
+_python_format = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    warnings.formatwarning = _format_warning
     try:
         if args.command == "report":
             return _report(args)

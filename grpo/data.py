@@ -104,7 +104,8 @@ def _warn_dropped(examples: list[Example], tokenizer, what: str) -> None:
     lost = {ch for ch in chars if ch not in tokenizer.decode(tokenizer(ch, add_special_tokens=False)["input_ids"])}
     if lost:
         counts = {ch: sum(ch in e.prompt for e in examples) for ch in lost}
-        shown = ", ".join(repr(c) for c, _ in sorted(counts.items(), key=lambda t: -t[1])[:5])
+        shown = ", ".join(repr(c) for c, _ in sorted(counts.items(), key=lambda t: (-t[1], t[0]))[:5])
+        hit = [e.prompt for e in examples if any(ch in e.prompt for ch in lost)]
         warnings.warn(f"the tokenizer has no token for some characters of the {what} prompts, and drops them: "
-                      f"{shown}{' and others' if len(counts) > 5 else ''} (in "
-                      f"{max(counts.values())} prompts or fewer each); the model never sees them", stacklevel=3)
+                      f"{shown}{' and others' if len(counts) > 5 else ''}, in {len(hit)} of {len(examples)} "
+                      f"prompts (e.g. {hit[0][:80]!r}); the model never sees them", stacklevel=3)

@@ -126,3 +126,15 @@ def test_a_broken_reward_fails_before_the_first_evaluation_and_leaves_no_run(tmp
     assert r.stderr.strip().startswith("grpo: error: reward function 'tests.integration.rewards:raises' raised "
                                        "ZeroDivisionError: float division by zero on prompt ")
     assert "held-out accuracy" not in r.stdout and list(out.iterdir()) == []
+
+
+def test_grpo_warnings_are_one_line():
+    import warnings
+
+    from grpo import cli
+    from grpo.cli import _format_warning
+
+    line = _format_warning(UserWarning("resuming with x: 1 -> 2"), UserWarning, cli.__file__, 1)
+    assert line == "grpo: warning: resuming with x: 1 -> 2\n"
+    other = _format_warning(UserWarning("theirs"), UserWarning, warnings.__file__, 7, "src")
+    assert other.startswith(warnings.__file__) and "UserWarning: theirs" in other
