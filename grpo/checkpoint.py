@@ -14,6 +14,7 @@ runs on resume.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from grpo.config import flatten
-from grpo.errors import ConfigError, WriteError, os_reason, write_failure
+from grpo.errors import NO_ROOM, ConfigError, WriteError, os_reason, write_failure
 
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
@@ -107,17 +108,18 @@ def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rn
     except OSError as e:  # a full disk, a quota: nothing half-written stays, and the message says where to resume
         shutil.rmtree(tmp, ignore_errors=True)
         raise WriteError(f"could not write the checkpoint of step {step} into {root}: {os_reason(e)}; "
-                         f"{resume_hint(run_dir)}") from None
+                         f"{resume_hint(run_dir, e)}") from None
     _prune(root, keep_last)
     return final
 
 
-def resume_hint(run_dir: Path) -> str:
-    """Where a run stopped by a failed write can continue from: its newest complete checkpoint, if any."""
-    done = [p for p in sorted(checkpoint_root(run_dir).glob("step-*")) if (p / MARKER).exists()]
-    if not done:
-        return "no complete checkpoint was written before, so the run has to start over"
-    return f"the last good checkpoint is {done[-1]}: make room and continue with train.resume=auto"
+def resume_hint(run_dir: Path, error: BaseException | None = None) -> str:
+    """Where a run stopped by a failed write can continue from: its newest intact checkpoint, if any."""
+    fix = "make room" if getattr(error, "errno", errno.ENOSPC) in NO_ROOM else "fix that"
+    for ckpt in sorted(checkpoint_root(run_dir).glob("step-*"), reverse=True):
+        if verify(ckpt) is None:
+            return f"the last good checkpoint is {ckpt}: {fix} and continue with train.resume=auto"
+    return f"no checkpoint was complete yet: {fix} and run again with train.resume=auto, which starts the run over"
 
 
 def _write(tmp: Path, final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml) -> None:
@@ -144,10 +146,14 @@ def _write(tmp: Path, final: Path, step: int, weights, optim, scheduler, rng, st
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
     _fsync(tmp / MARKER)
     _fsync(tmp)
-    if final.exists():  # the same step written again (a resumed run saving where it started)
-        shutil.rmtree(final)
+    old = None
+    if final.exists():  # the same step written again (a resumed run saving where it started): kept until replaced
+        old = root / f".tmp-{final.name}-old-{os.getpid()}"
+        os.rename(final, old)
     os.rename(tmp, final)
     _fsync(root)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 class _Writes:
@@ -279,7 +285,7 @@ FREE = ("train.steps", "train.save_every", "train.keep_last", "train.resume", "t
 # resume may change them (on a machine with less memory or other cores), with a warning that the run is then no
 # longer bit for bit the uninterrupted one.
 ROUNDING = ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads",
-            "vllm.gpu_memory_utilization", "vllm.kv_cache_gib")
+            "model.gradient_checkpointing", "vllm.gpu_memory_utilization", "vllm.kv_cache_gib")
 
 
 def _matches(key: str, patterns: tuple[str, ...]) -> bool:
@@ -290,10 +296,10 @@ def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> 
     """The dotted keys that differ between a checkpoint's config and the current one, as "key: old -> new":
     those a resume must refuse (every key outside FREE and ROUNDING), and those it allows at the cost of exact
     rounding (ROUNDING). A key the saved config lacks (written before the option existed) counts as its value in
-    `defaults`."""
+    `defaults`; one the current config lacks (an option since removed) is ignored."""
     a, b = {**flatten(defaults or {}), **flatten(saved)}, flatten(current)
     refused, rounding = [], []
-    for key in sorted(set(a) | set(b)):
+    for key in sorted(b):  # a key this version no longer has cannot change anything
         if a.get(key) == b.get(key) or _matches(key, FREE):
             continue
         (rounding if _matches(key, ROUNDING) else refused).append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")

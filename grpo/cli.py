@@ -10,11 +10,12 @@ import argparse
 import contextlib
 import json
 import sys
+import threading
 import warnings
 from pathlib import Path
 
 from grpo.config import describe_options, load_config
-from grpo.errors import GRPOError
+from grpo.errors import NO_ROOM, GRPOError, write_failure
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -79,9 +80,22 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
 _python_format = warnings.formatwarning
 
 
+def _thread_exception(args) -> None:
+    """A write that failed for want of room in a library's background thread (TensorBoard's event writer) prints
+    no traceback: the main thread gets the same error at its next write and reports it as one line."""
+    failed = write_failure(args.exc_value) if args.exc_value is not None else None
+    if failed is not None and failed.errno in NO_ROOM:
+        return
+    _python_thread_hook(args)
+
+
+_python_thread_hook = threading.excepthook
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     warnings.formatwarning = _format_warning
+    threading.excepthook = _thread_exception
     try:
         if args.command == "report":
             return _report(args)

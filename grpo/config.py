@@ -422,7 +422,7 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.vllm.max_model_len and cfg.vllm.max_model_len <= cfg.rollout.max_new_tokens:
         raise ConfigError(f"vllm.max_model_len={cfg.vllm.max_model_len} leaves no room for a prompt: it must be "
                           f"more than rollout.max_new_tokens={cfg.rollout.max_new_tokens} (or 0, the model's)")
-    if cfg.lora.dropout:
+    if cfg.lora.rank and cfg.lora.dropout:
         raise ConfigError(f"lora.dropout={cfg.lora.dropout:g} is not supported: GRPO's ratio compares the training "
                           "pass with the log-probs of the policy that sampled, and dropout in the training pass "
                           "only would make them different networks; set lora.dropout=0")

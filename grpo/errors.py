@@ -24,16 +24,15 @@ NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def write_failure(e: BaseException) -> OSError | None:
-    """The OSError behind a failed write: `e` itself, or the one safetensors reports inside its SafetensorError
-    ("I/O error: No space left on device (os error 28)"); None if `e` is not a failed write."""
+    """The OSError behind a failed write: `e` itself, or the one a Rust library (safetensors, tokenizers) reports in
+    the message of its own exception ("I/O error: No space left on device (os error 28)"); None if `e` is not a
+    failed write."""
     import re
 
     if isinstance(e, OSError):
         return e
-    if type(e).__name__ != "SafetensorError" or "I/O error" not in str(e):
-        return None
-    code = re.search(r"os error (\d+)", str(e))
-    return OSError(int(code[1]), os.strerror(int(code[1]))) if code else OSError(errno.EIO, " ".join(str(e).split()))
+    code = re.search(r"\(os error (\d+)\)", str(e))
+    return OSError(int(code[1]), os.strerror(int(code[1]))) if code else None
 
 
 def os_reason(e: OSError) -> str:

@@ -113,20 +113,17 @@ class RunLogger:
                 t.close(failed)
             except Exception as e:  # the run's own files are written: a tracker's failure to finish is not the run's
                 warnings.warn(f"{t.name} did not close cleanly: {' '.join(str(e).split())[:300]}", stacklevel=2)
-        # after a failure (a full disk, say) closing and drawing may fail too: the first error is the one to report
-        _finish(self._metrics.close, failed)
-        _finish(self._samples.close, failed)
-        if self.cfg.chart:
-            _finish(lambda: draw_chart(self.history, self.out_dir / "chart.png"), failed)
-
-
-def _finish(close, failed: bool) -> None:
-    """Call `close`; when the run has already failed, an OSError from it is dropped (the first error is reported)."""
-    try:
-        close()
-    except OSError:
-        if not failed:
-            raise
+        # each is tried; after a failure (a full disk, say) they may fail too, and the first error is the one to
+        # report, so theirs are dropped; otherwise the first of theirs is raised once all were tried
+        errors = []
+        for finish in (self._metrics.close, self._samples.close,
+                       lambda: self.cfg.chart and draw_chart(self.history, self.out_dir / "chart.png")):
+            try:
+                finish()
+            except OSError as e:
+                errors.append(e)
+        if errors and not failed:
+            raise errors[0]
 
 
 def _append(f, text: str) -> None:

@@ -17,7 +17,8 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "chart.png", "trac
              "wandb", "checkpoints", "model", "model-merged")
 
 
-# what a final save killed midway leaves (`replace_dir`); removed by the next save, or with the run's files
+# what a final save killed midway leaves (`replace_dir`): put back or removed by the next save, or with the run's
+# files
 LEFTOVERS = (".tmp-model*", ".old-model*")
 
 
@@ -31,6 +32,11 @@ def replace_dir(final: Path):
     """Yield an empty temporary directory beside `final`, which replaces `final` when the block ends; if the block
     fails it is removed and `final` is left as it was. A process killed inside the block leaves only the
     temporary directory (never a half-written `final`), which the next call removes."""
+    for old in sorted(final.parent.glob(f".old-{final.name}-*")):  # killed between the two renames below
+        if not final.exists():
+            os.rename(old, final)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
     for left in final.parent.glob(f".tmp-{final.name}-*"):
         shutil.rmtree(left, ignore_errors=True)
     tmp = final.with_name(f".tmp-{final.name}-{os.getpid()}")
@@ -72,10 +78,11 @@ def _logged_a_step(metrics: Path) -> bool:
     return False
 
 
-def claim(out: Path, *, overwrite: bool, resuming: bool, asked_resume: bool = False, is_main: bool = True) -> None:
-    """Make `out` ready for a run. A new run (`resuming` False) into a directory that holds one is refused,
-    unless `overwrite`, or unless `asked_resume` (train.resume=auto found no complete checkpoint) and that run
-    never finished: then the main process deletes that run's files (only those). Every process checks, so every
+def claim(out: Path, *, overwrite: bool, resuming: bool, asked_resume: bool = False) -> list[str]:
+    """Check that `out` can take a run, and return the old run's files that the new one replaces (to `clear` once
+    the new run has been built, so that a run failing at start-up leaves the old one whole). A new run
+    (`resuming` False) into a directory that holds one is refused, unless `overwrite`, or unless `asked_resume`
+    (train.resume=auto found no complete checkpoint) and that run never finished. Every process checks, so every
     process refuses alike."""
     found = run_files(out) if out.is_dir() else []
     if found and not resuming:
@@ -91,10 +98,6 @@ def claim(out: Path, *, overwrite: bool, resuming: bool, asked_resume: bool = Fa
             raise ConfigError(f"train.output_dir={str(out)!r} already holds a run ({shown}); continue it with "
                               "train.resume=auto, choose another train.output_dir, or replace it with "
                               "train.overwrite=true")
-        if is_main:
-            for n in found:
-                path = out / n
-                shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"train.output_dir={str(out)!r} is a file, not a directory")
     try:
@@ -103,3 +106,14 @@ def claim(out: Path, *, overwrite: bool, resuming: bool, asked_resume: bool = Fa
             pass
     except OSError as e:
         raise ConfigError(f"train.output_dir={str(out)!r} cannot be written: {e.strerror or e}") from None
+    return found if found and not resuming else []
+
+
+def clear(out: Path, names: list[str]) -> None:
+    """Delete the named run files of `out` (what `claim` returned)."""
+    for n in names:
+        path = out / n
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()

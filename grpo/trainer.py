@@ -39,7 +39,7 @@ from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
-from grpo.rundir import claim, discard_unstarted
+from grpo.rundir import claim, clear, discard_unstarted
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
@@ -88,21 +88,26 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     out = Path(cfg.train.output_dir)
     # before anything is built or written: a new run refuses a directory that holds one (grpo/rundir.py)
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
-    claim(out, overwrite=cfg.train.overwrite, resuming=ckpt is not None, asked_resume=bool(cfg.train.resume),
-          is_main=dist.is_main)
+    replaced = claim(out, overwrite=cfg.train.overwrite, resuming=ckpt is not None,
+                     asked_resume=bool(cfg.train.resume))
     dist.barrier()
+    writing = False
     try:
-        run = _build(cfg, rewards, dist)
+        run = _build(cfg, rewards, dist)  # a broken reward, model or data set fails here, the old run still whole
+        if dist.is_main:
+            clear(out, replaced)
+        writing = True
         with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
             if hasattr(run.generator, "close"):
                 stack.callback(run.generator.close)
             return _train(cfg, run, dist, out, started, ckpt)
     except BaseException as e:
-        if ckpt is None and dist.is_main:  # a new run that failed before its first step leaves nothing behind
+        if writing and ckpt is None and dist.is_main:  # a new run that failed before its first step leaves nothing
             discard_unstarted(out)
         failed = write_failure(e) if isinstance(e, Exception) else None
         if failed is not None and failed.errno in NO_ROOM:  # metrics, samples, a tracker's files: one line
-            raise WriteError(f"could not write into {out}: {os_reason(failed)}; {resume_hint(out)}") from None
+            what = failed.filename or f"into {out}"
+            raise WriteError(f"could not write {what}: {failed.strerror}; {resume_hint(out)}") from None
         raise
 
 
@@ -162,11 +167,13 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
 
     if result.stopped_by is None:
         weights = None if is_lora(run.policy) else full_model_state(run.policy)  # every process, under FSDP
+        error = None
         if dist.is_main:
             try:
                 save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora)
             except WriteError as e:
-                raise WriteError(f"{e}; {resume_hint(out)}") from None
+                error = f"{e}; {resume_hint(out, e)}"
+        _raise_on_every_process(dist, error)
     return result
 
 
@@ -248,7 +255,8 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
                           "into train.*, optim.* and compute.*; resume it with the grpo version that wrote it")
     refused, rounding = config_changes(saved, cfg.to_dict(), defaults=Config().to_dict())
     if refused:
-        raise ConfigError(f"cannot resume from {ckpt}: the config differs in keys that change the results: "
+        raise ConfigError(f"cannot resume from {ckpt}: the config differs in keys that change what is trained or "
+                          "measured: "
                           + "; ".join(refused) + f". A resume may change only {may_change()}; to change the "
                           "others, start a new run")
     if rounding:
@@ -266,11 +274,23 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
 
 def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
     state.stream = {"epoch": run.stream.epoch, "position": run.stream.position}
-    path = save_checkpoint(Path(cfg.train.output_dir), state.step, model=run.policy, optimizer=run.optimizer,
-                           scheduler=run.scheduler, rng=rng_states(), state=asdict(state),
-                           config_yaml=run.config_yaml, keep_last=cfg.train.keep_last, is_main=dist.is_main)
-    dist.barrier()
+    path, error = None, None
+    try:  # only the main process writes; if it cannot, every process stops with its message (none waits for it)
+        path = save_checkpoint(Path(cfg.train.output_dir), state.step, model=run.policy, optimizer=run.optimizer,
+                               scheduler=run.scheduler, rng=rng_states(), state=asdict(state),
+                               config_yaml=run.config_yaml, keep_last=cfg.train.keep_last, is_main=dist.is_main)
+    except WriteError as e:
+        error = str(e)
+    _raise_on_every_process(dist, error)
     return path
+
+
+def _raise_on_every_process(dist: Dist, error: str | None) -> None:
+    """A sync point of all processes at which a write error of any one of them (the main process writes) is raised
+    by every one, so that none is left waiting for the others."""
+    first = next((e for e in dist.gather_objects(error) if e), None)
+    if first:
+        raise WriteError(first)
 
 
 def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) -> tuple[dict, dict]:

@@ -138,3 +138,19 @@ def test_grpo_warnings_are_one_line():
     assert line == "grpo: warning: resuming with x: 1 -> 2\n"
     other = _format_warning(UserWarning("theirs"), UserWarning, warnings.__file__, 7, "src")
     assert other.startswith(warnings.__file__) and "UserWarning: theirs" in other
+
+
+def test_a_full_disk_in_a_background_thread_prints_no_traceback(monkeypatch):
+    import threading
+
+    from grpo import cli
+
+    passed_on = []
+    monkeypatch.setattr(cli, "_python_thread_hook", lambda args: passed_on.append(args.exc_value))
+    monkeypatch.setattr(threading, "excepthook", cli._thread_exception)
+    for error in (OSError(28, "No space left on device"), Exception("File too large (os error 27)"),
+                  ValueError("a real bug")):
+        t = threading.Thread(target=lambda e=error: (_ for _ in ()).throw(e))
+        t.start()
+        t.join()
+    assert [str(e) for e in passed_on] == ["a real bug"]  # only that one gets Python's traceback

@@ -123,3 +123,4 @@ def test_kill_9_in_each_phase_resumes_to_the_same_end_state(phase, step, call, s
     assert "Traceback" not in resumed.stderr
     assert_same_run(straight, out)
     assert [r["step"] for r in rows(out)] == [0, 1, 2, 3, 4]
+    assert not list(out.rglob(".tmp-*")) and not list(out.rglob(".old-*"))  # nothing left behind

@@ -285,14 +285,14 @@ def test_full_disk_in_the_final_save_leaves_no_half_written_model(tmp_path, rand
 
     def no_room(self, directory, *args, **kwargs):  # the weights are written, then the disk is full
         (Path(directory) / "tokenizer.json").write_text("{")
-        raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / "tokenizer.json"))
+        raise Exception("No space left on device (os error 28)")  # as the Rust tokenizers library reports it
 
     monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", no_room)
     with pytest.raises(GRPOError) as e:
         trainer.train(cfg_for(random_model_dir, out, *steps))
-    assert str(e.value) == (f"could not write the trained model into {out}: No space left on device (writing "
-                            f"tokenizer.json); the last good checkpoint is {checkpoint_root(out) / 'step-00000002'}: "
-                            "make room and continue with train.resume=auto")
+    assert str(e.value) == (f"could not write the trained model into {out}: No space left on device; the last good "
+                            f"checkpoint is {checkpoint_root(out) / 'step-00000002'}: make room and continue with "
+                            "train.resume=auto")
     assert not (out / "model").exists() and not list(out.glob(".tmp-*"))
     monkeypatch.undo()
     result = trainer.train(cfg_for(random_model_dir, out, *steps, "train.resume=auto"))
@@ -315,7 +315,8 @@ def test_a_real_write_limit_is_one_line_and_leaves_no_temporary_files(tmp_path, 
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"grpo: error: could not write the checkpoint of step 1 into {checkpoint_root(out)}: File too large "
-        "(writing model.safetensors); no complete checkpoint was written before, so the run has to start over")
+        "(writing model.safetensors); no checkpoint was complete yet: make room and run again with train.resume=auto, "
+        "which starts the run over")
     assert "Traceback" not in proc.stderr and list(checkpoint_root(out).iterdir()) == []
     # the run logged its first step, so its files stay; train.resume=auto starts it over and finishes
     assert [r["step"] for r in rows(out)] == [0, 1]
@@ -337,5 +338,24 @@ def test_a_full_disk_while_logging_is_one_line(tmp_path, random_model_dir):
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"grpo: error: could not write into {out}: File too large (writing metrics.jsonl); no complete checkpoint "
-        "was written before, so the run has to start over")
+        f"grpo: error: could not write {out / 'metrics.jsonl'}: File too large; no checkpoint was complete yet: make "
+        "room and run again with train.resume=auto, which starts the run over")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the run directory
+
+def test_a_run_that_fails_leaves_the_existing_run_whole(tmp_path, random_model_dir):
+    out = tmp_path / "run"
+    trainer.train(cfg_for(random_model_dir, out, "train.steps=2", "train.save_every=1"))
+    files = lambda: {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}  # noqa: E731
+    before = files()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        trainer.train(cfg_for(random_model_dir, out, "train.steps=2"))
+    broken = "rewards=[tests.integration.rewards:raises]"
+    for how in ("train.overwrite=true", "train.resume=auto"):  # the old run is replaced only once the new one built
+        with pytest.raises(GRPOError, match="raised ZeroDivisionError"):
+            trainer.train(cfg_for(random_model_dir, out, "train.steps=3", broken, how))
+        assert files() == before, how
+    trainer.train(cfg_for(random_model_dir, out, "train.steps=1", "train.overwrite=true"))
+    assert [r["step"] for r in rows(out)] == [0, 1] and not (out / "checkpoints").exists()

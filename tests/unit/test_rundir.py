@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from grpo.errors import ConfigError
-from grpo.rundir import claim, discard_unstarted, replace_dir, run_files
+from grpo.rundir import claim, clear, discard_unstarted, replace_dir, run_files
 
 
 def old_run(out):
@@ -27,20 +27,22 @@ def test_a_new_run_refuses_a_directory_that_holds_one(tmp_path):
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before  # untouched
     with pytest.raises(ConfigError, match="holds a finished run .* but no complete checkpoint to resume from"):
         claim(tmp_path, overwrite=False, resuming=False, asked_resume=True)
-    claim(tmp_path, overwrite=False, resuming=True)  # a resume continues it
+    assert claim(tmp_path, overwrite=False, resuming=True) == []  # a resume continues it
 
 
 def test_resume_auto_starts_over_a_run_stopped_before_its_first_checkpoint(tmp_path):
     (tmp_path / "config.yaml").write_text("train: {}\n")
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n')
     (tmp_path / "tensorboard").mkdir()
-    claim(tmp_path, overwrite=False, resuming=False, asked_resume=True)
+    replaced = claim(tmp_path, overwrite=False, resuming=False, asked_resume=True)
+    assert replaced == ["config.yaml", "metrics.jsonl", "tensorboard"] and run_files(tmp_path) == replaced
+    clear(tmp_path, replaced)  # once the new run is built
     assert run_files(tmp_path) == []
 
 
 def test_overwrite_deletes_only_the_run_files(tmp_path):
     old_run(tmp_path)
-    claim(tmp_path, overwrite=True, resuming=False)
+    clear(tmp_path, claim(tmp_path, overwrite=True, resuming=False))
     assert run_files(tmp_path) == [] and (tmp_path / "notes.txt").read_text() == "mine"
 
 
@@ -103,5 +105,13 @@ def test_a_killed_final_save_is_part_of_the_run(tmp_path):
     (out / "config.yaml").write_text("train: {}\n")
     (out / ".tmp-model-123").mkdir()
     assert run_files(out) == ["config.yaml", ".tmp-model-123"]
-    claim(out, overwrite=True, resuming=False)
+    clear(out, claim(out, overwrite=True, resuming=False))
     assert list(out.iterdir()) == []
+
+
+def test_replace_dir_puts_back_a_model_moved_aside_by_a_killed_save(tmp_path):
+    (tmp_path / ".old-model-4242").mkdir()  # killed between moving the old model aside and renaming the new in
+    (tmp_path / ".old-model-4242" / "w").write_text("old")
+    with pytest.raises(RuntimeError), replace_dir(tmp_path / "model"):
+        raise RuntimeError("the next save fails too")
+    assert (tmp_path / "model" / "w").read_text() == "old" and sorted(os.listdir(tmp_path)) == ["model"]
