@@ -88,3 +88,16 @@ def test_fsdp2_in_one_process_without_torchrun(tmp_path, random_model_dir):
     grpo_train(tmp_path / "one", random_model_dir, "train.steps=1", "eval.every=1", full)
     grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "eval.every=1", full, "compute.sharding=fsdp")
     assert_same(tmp_path / "one", tmp_path / "fsdp", atol=1e-5)
+
+
+def test_a_checkpoint_the_main_process_cannot_write_stops_every_process(tmp_path, random_model_dir):
+    import resource
+
+    limit = 32 * 1024  # the config and metrics fit, the checkpoint's weights do not
+    out = tmp_path / "two"
+    args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "grpo", "train",
+            f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST, "train.steps=2", "train.save_every=1"]
+    r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, env=ENV,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert r.returncode != 0  # and it did not hang: rank 1 was told instead of waiting for rank 0
+    assert r.stderr.count("grpo: error: could not write the checkpoint of step 1") == 2, r.stderr[-3000:]
