@@ -44,8 +44,6 @@ def os_reason(e: OSError) -> str:
 def import_callable(name: str, *, field: str, what: str):
     """The callable a config names as 'module:function' (a reward, a tool); a ConfigError that names the config
     `field` when it cannot be imported or is not callable."""
-    import importlib
-
     module, _, attr = name.partition(":")
     try:
         fn = getattr(_import_module(module), attr)

@@ -31,7 +31,7 @@ from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
 from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, prompt_limit
-from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, os_reason, write_failure
+from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
 from grpo.metrics import RunLogger, sample_rows, step_metrics
