@@ -282,9 +282,9 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
 FREE = ("train.steps", "train.save_every", "train.keep_last", "train.resume", "train.overwrite", "train.output_dir",
         "train.max_nonfinite_steps", "eval.every", "log.", "vllm.timeout_s")
 # ...and these, which change memory or speed and with them the floating-point rounding, never the mathematics: a
-# resume may change them (on a machine with less memory or other cores), with a warning that the run is then no
-# longer bit for bit the uninterrupted one.
-ROUNDING = ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads",
+# resume may change them (on a machine with less memory or other cores; an FSDP2 run continued in one process),
+# with a warning that the run is then no longer bit for bit the uninterrupted one.
+ROUNDING = ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads", "compute.sharding",
             "model.gradient_checkpointing", "vllm.gpu_memory_utilization", "vllm.kv_cache_gib")
 
 

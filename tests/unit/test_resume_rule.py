@@ -8,7 +8,7 @@ DEFAULTS = Config().to_dict()
 
 # each changes what is trained, so a resume with it differs from the uninterrupted run (the issue's list first)
 REFUSED = ["model.chat_template=true", "model.system_prompt=Be brief.", "overlong_buffer=4", "model.autocast_bf16=true",
-           "compute.share_prompt=false", "compute.lean_forward=false", "compute.sharding=fsdp",
+           "compute.share_prompt=false", "compute.lean_forward=false",
            "model.logprob_chunk_size=7", "model.path=elsewhere",
            "model.attn_implementation=eager", "model.device=cpu", "rollout.temperature=0.7", "algo.beta=0.1",
            "optim.adam_beta2=0.999", "train.lr=1e-3", "train.seed=3", "train.prompts_per_step=8",
@@ -19,7 +19,7 @@ FREE_CHANGES = ["train.steps=500", "train.save_every=5", "train.keep_last=4", "t
                 "train.output_dir=other", "train.max_nonfinite_steps=9", "eval.every=3", "log.samples_every=1",
                 "log.trackers=[]", "log.progress=false", "log.run_name=x", "vllm.timeout_s=60"]
 ROUNDING_CHANGES = ["compute.micro_batch_size=4", "compute.micro_batch_tokens=256", "compute.threads=1",
-                    "model.gradient_checkpointing=true",
+                    "model.gradient_checkpointing=true", "compute.sharding=fsdp",
                     "vllm.gpu_memory_utilization=0.5", "vllm.kv_cache_gib=2"]
 
 
