@@ -126,7 +126,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] = opt(
+    preset: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"] = opt(
         "grpo", "Named algorithm (see docs/objective.md); sets the fields below, each of which can still be set.")
     scale: Literal["group", "batch", "none", "rloo"] = opt(
         "group", "Advantage scaling: group std (GRPO), batch std (Lite PPO), none (Dr. GRPO), leave-one-out (RLOO).")
@@ -134,8 +134,20 @@ class AlgoConfig:
     eps: float = opt(1e-4, "Added to the std before dividing.", ge=0)
     beta: float = opt(0.04, "KL coefficient; 0 loads no reference model.", ge=0)
     kl_kind: Literal["k1", "k2", "k3"] = opt("k3", "KL estimator per token (k3: DeepSeekMath eq. 4).")
-    clip_low: float = opt(0.2, "ε_low: the ratio is clipped below at 1 − clip_low.", ge=0, lt=1)
-    clip_high: float = opt(0.2, "ε_high: the ratio is clipped above at 1 + clip_high.", ge=0)
+    clip_low: float = opt(0.2, "ε_low: the ratio is clipped below at 1 − clip_low (CISPO: its importance weight; "
+                               "1 leaves no lower bound).", ge=0, le=1)
+    clip_high: float = opt(0.2, "ε_high: the ratio is clipped above at 1 + clip_high (CISPO: its importance "
+                                "weight).", ge=0)
+    surrogate: Literal["clip", "cispo", "sapo"] = opt(
+        "clip", "The policy term per token: PPO's clipped surrogate (clip), CISPO's REINFORCE with a clipped, "
+                "detached importance weight (cispo, MiniMax-M1), or SAPO's soft gate (sapo, Qwen); "
+                "docs/objective.md.")
+    dual_clip: float = opt(0.0, "c of dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, 3 there): a token with "
+                                "Â < 0 and r > c has loss c·|Â| and no gradient; 0 turns it off, else more than 1. "
+                                "Only with surrogate=clip.", ge=0)
+    sapo_tau_pos: float = opt(1.0, "SAPO's gate temperature τ for tokens with Â > 0.", gt=0)
+    sapo_tau_neg: float = opt(1.05, "SAPO's gate temperature τ for tokens with Â ≤ 0 (higher: their updates decay "
+                                    "faster away from r = 1).", gt=0)
     ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token, or per sequence (GSPO).")
     aggregation: Literal["seq_mean", "token_mean", "constant"] = opt(
         "seq_mean", "Loss normaliser: per-sequence token mean (GRPO), step-wide token mean (DAPO), or "
@@ -416,6 +428,12 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_engine import INSTALL
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")
+    if cfg.algo.dual_clip and not cfg.algo.dual_clip > 1:
+        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} must be more than 1 (the surrogate of a token with "
+                          "Â < 0 is bounded at c·Â, c > 1), or 0 to turn it off")
+    if cfg.algo.dual_clip and cfg.algo.surrogate != "clip":
+        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} bounds PPO's clipped surrogate; algo.surrogate="
+                          f"{cfg.algo.surrogate} has none: set algo.dual_clip=0 or algo.surrogate=clip")
     if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
         raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
                           f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")

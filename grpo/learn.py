@@ -42,6 +42,10 @@ class Learner:
     ratio_level: str = "token"
     aggregation: str = "seq_mean"
     num_iterations: int = 1
+    surrogate: str = "clip"                  # algo.surrogate; dual_clip None when algo.dual_clip = 0
+    dual_clip: float | None = None
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
     correction: str = "token_tis"            # algo.sampler_correction, when the Experience has sampler log-probs
     correction_cap: float = 2.0
     correction_floor: float = 0.0
@@ -121,7 +125,8 @@ def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, 
                                       ref_logp=ref, beta=lr.beta, clip_low=lr.clip_low, clip_high=lr.clip_high,
                                       ratio_level=lr.ratio_level, aggregation=lr.aggregation,
                                       normalizer=normalizer, max_completion_length=lr.max_completion_length,
-                                      kl_kind=lr.kl_kind, is_weight=weight)
+                                      kl_kind=lr.kl_kind, surrogate=lr.surrogate, dual_clip=lr.dual_clip,
+                                      sapo_tau_pos=lr.sapo_tau_pos, sapo_tau_neg=lr.sapo_tau_neg, is_weight=weight)
             if not torch.isfinite(loss) and nonfinite is None:
                 nonfinite = "loss"
             # the normaliser already counts every process; DDP and FSDP average gradients over processes,
@@ -131,7 +136,7 @@ def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, 
         _add(totals, {"loss": loss.item(), "loss/policy": stats["loss/policy"].item(),
                       "loss/kl": stats["loss/kl"].item(), "tokens": tokens})
         _add(totals, {k: stats[k].item() * tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac",
-                                                            "clip/high_frac")})
+                                                            "clip/high_frac", "clip/dual_frac") if k in stats})
     params = [p for p in lr.trainable.parameters() if p.requires_grad]
     max_norm = lr.max_grad_norm if lr.max_grad_norm > 0 else math.inf
     totals["grad_norm"] = _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).item()

@@ -219,6 +219,8 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
          if k not in ("grad_norm", "nonfinite", "mismatch/abs_diff_max")}
     tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
     per_token = ["kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac"]
+    if "clip/dual_frac" in updates[0]:  # algo.dual_clip
+        per_token.append("clip/dual_frac")
     if "mismatch/abs_diff_max" in updates[0]:  # a sampler with log-probs of its own (SPEC 13.1)
         per_token += ["mismatch/abs_diff", "mismatch/k3", "mismatch/capped", "mismatch/weight"]
         m["mismatch/abs_diff_max"] = dist.max(max(d["mismatch/abs_diff_max"] for d in updates))
