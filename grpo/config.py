@@ -145,6 +145,10 @@ class AlgoConfig:
     dual_clip: float = opt(0.0, "c of dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, 3 there): a token with "
                                 "Â < 0 and r > c has loss c·|Â| and no gradient; 0 turns it off, else more than 1. "
                                 "Only with surrogate=clip.", ge=0)
+    top_entropy_quantile: float = opt(1.0, "ρ of top-entropy masking (Wang et al. 2025, Beyond the 80/20 Rule; TRL's "
+                                           "top_entropy_quantile): only the tokens whose entropy is in the top ρ of "
+                                           "the step's loss tokens carry the policy term (the paper: 0.2); the KL "
+                                           "term and the normaliser keep every token. 1: off.", gt=0, le=1)
     sapo_tau_pos: float = opt(1.0, "SAPO's gate temperature τ for tokens with Â > 0.", gt=0)
     sapo_tau_neg: float = opt(1.05, "SAPO's gate temperature τ for tokens with Â ≤ 0 (higher: their updates decay "
                                     "faster away from r = 1).", gt=0)

@@ -235,7 +235,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                       beta=a.beta, kl_kind=a.kl_kind, clip_low=a.clip_low, clip_high=a.clip_high,
                       ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations,
                       surrogate=a.surrogate, dual_clip=a.dual_clip or None, sapo_tau_pos=a.sapo_tau_pos,
-                      sapo_tau_neg=a.sapo_tau_neg,
+                      sapo_tau_neg=a.sapo_tau_neg, top_entropy_quantile=a.top_entropy_quantile,
                       correction=a.sampler_correction, correction_cap=a.sampler_correction_cap,
                       correction_floor=a.sampler_correction_floor)
     # every prompt fits the context with room for a completion (refused, or cut from the left)

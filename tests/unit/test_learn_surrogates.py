@@ -71,3 +71,37 @@ def test_config_keys_and_presets():
     cfg = load_config(None, ["algo.preset=cispo"])
     assert (cfg.algo.surrogate, cfg.algo.clip_low, cfg.algo.aggregation) == ("cispo", 1.0, "token_mean")
     assert load_config(None, ["algo.dual_clip=3"]).algo.dual_clip == 3.0
+
+
+def _entropies(model, exp):
+    with torch.no_grad():  # an independent computation from the full logits
+        ids = torch.cat([exp.prompt_ids, exp.completion_ids[:, :-1]], 1)
+        attn = torch.cat([exp.prompt_mask, exp.completion_mask[:, :-1]], 1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, exp.prompt_ids.shape[1] - 1:]
+        p = torch.softmax(logits.double(), -1)
+        return -(p * p.clamp(min=1e-300).log()).sum(-1)
+
+
+def test_entropy_is_logged_from_the_training_pass(setup):
+    exp, model = setup
+    updates, _ = run(model, exp)
+    h, m = _entropies(model, exp), exp.loss_mask.bool()
+    assert updates[0]["entropy"] / updates[0]["tokens"] == pytest.approx(h[m].mean().item(), rel=1e-5)
+    assert sum(updates[0][f"entropy/q{k}_tokens"] for k in range(1, 5)) == updates[0]["tokens"]
+
+
+def test_top_entropy_masking_trains_only_the_kept_tokens(setup):
+    from grpo.experience import Experience
+
+    exp, model = setup
+    masked, w_masked = run(model, exp, top_entropy_quantile=0.3, aggregation="token_mean")
+    h, m = _entropies(model, exp), exp.loss_mask.bool()
+    keep = (h >= torch.quantile(h[m], 0.7)) & m
+    assert 0 < keep.sum() < m.sum()
+    # the same update as plain training with the advantages of the other tokens set to 0 (the normaliser unchanged)
+    zeroed = Experience(**{**exp.__dict__, "advantages": exp.advantages * keep.to(exp.advantages.dtype)})
+    _, w_zeroed = run(model, zeroed, aggregation="token_mean")
+    assert torch.allclose(w_masked, w_zeroed, atol=1e-6)
+    _, w_plain = run(model, exp, aggregation="token_mean")
+    assert not torch.allclose(w_masked, w_plain, atol=1e-6)
