@@ -145,6 +145,13 @@ class AlgoConfig:
     dual_clip: float = opt(0.0, "c of dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, 3 there): a token with "
                                 "Â < 0 and r > c has loss c·|Â| and no gradient; 0 turns it off, else more than 1. "
                                 "Only with surrogate=clip.", ge=0)
+    ref_sync_every: int = opt(0, "Reset the KL reference every this many steps: reference ← α·policy + (1 − α)·"
+                                 "reference with α = ref_sync_alpha (1: DeepSeekMath's iterative GRPO, the reference "
+                                 "becomes the policy; DeepSeek-R1 reset every 400 steps); with LoRA the base weights "
+                                 "take α of the adapter's update (docs/objective.md). 0: the reference stays the "
+                                 "initial policy.", ge=0)
+    ref_sync_alpha: float = opt(1.0, "α of the reference reset: 1 a hard reset, below 1 a soft mix of the weights "
+                                     "(TR-DPO; TRL's ref_model_mixup_alpha, 0.6 there).", gt=0, le=1)
     top_entropy_quantile: float = opt(1.0, "ρ of top-entropy masking (Wang et al. 2025, Beyond the 80/20 Rule; TRL's "
                                            "top_entropy_quantile): only the tokens whose entropy is in the top ρ of "
                                            "the step's loss tokens carry the policy term (the paper: 0.2); the KL "
@@ -432,6 +439,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_engine import INSTALL
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")
+    if cfg.algo.ref_sync_every and not cfg.algo.beta:
+        raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
+                          "loads none: set algo.beta > 0 or algo.ref_sync_every=0")
     if cfg.algo.dual_clip and not cfg.algo.dual_clip > 1:
         raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} must be more than 1 (the surrogate of a token with "
                           "Â < 0 is bounded at c·Â, c > 1), or 0 to turn it off")
