@@ -12,6 +12,7 @@ import importlib.util
 import os
 import types
 import typing
+import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -375,6 +376,7 @@ def read_yaml(path: str | Path) -> dict:
 def from_dict(raw: dict) -> Config:
     """Strict conversion: every key must be a field, every value of the field's type and in its range."""
     raw = dict(raw)
+    explicit = set(flatten(raw))  # the keys the user set (not those a preset filled in)
     algo = raw.get("algo", {})
     if isinstance(algo, dict):
         preset = algo.get("preset", AlgoConfig.preset)
@@ -383,7 +385,40 @@ def from_dict(raw: dict) -> Config:
         raw["algo"] = {**base, **algo}
     cfg = _build(Config, raw, "")
     validate(cfg)
+    for message in traps(cfg, explicit):
+        warnings.warn(message, stacklevel=2)
     return cfg
+
+
+def traps(cfg: Config, explicit: set[str] = frozenset()) -> list[str]:
+    """Combinations that run but are known mistakes, each as the warning `load_config` gives once. `explicit`:
+    the dotted keys the user set; a setting that cannot act is flagged only when set on purpose (not by a
+    preset, such as dapo's clip-higher, which acts as soon as the data are off-policy)."""
+    a, r = cfg.algo, cfg.rollout
+    out = []
+    if a.ratio_level == "sequence" and a.aggregation == "token_mean":
+        out.append("algo.ratio_level=sequence (GSPO) with algo.aggregation=token_mean weights each sequence by its "
+                   "length, while GSPO's objective is a mean over sequences (its paper, and verl, which forces "
+                   "seq_mean): use algo.aggregation=seq_mean")
+    if a.num_iterations == 1 and r.backend == "hf":  # no off-policy data: the ratio is exactly 1 (docs/training.md)
+        why = ("with algo.num_iterations=1 and the in-process sampler (rollout.backend=hf) every ratio is exactly 1, "
+               "so it cannot act; it needs off-policy data (algo.num_iterations > 1, or a sampler of its own)")
+        clips = sorted(k for k in ("algo.clip_low", "algo.clip_high") if k in explicit)
+        if clips:
+            out.append(f"{' and '.join(clips)} set: {why}")
+        if a.dual_clip:
+            out.append(f"algo.dual_clip={a.dual_clip:g}: {why}")
+        corrections = sorted(k for k in explicit if k.startswith("algo.sampler_correction"))
+        if corrections:
+            out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
+                       "so the sampler-trainer correction is exactly 1 and cannot act")
+    if r.top_p < 1 or r.top_k:
+        what = " and ".join(x for x in (f"rollout.top_p={r.top_p:g}" if r.top_p < 1 else "",
+                                        f"rollout.top_k={r.top_k}" if r.top_k else "") if x)
+        out.append(f"{what}: completions are sampled from the truncated distribution but the loss's log-probs (the "
+                   "ratio, the KL, the sampler correction) come from the full one, so training is slightly "
+                   "off-policy (SPEC 11.7; huggingface/trl#6789); train with top_p=1 and top_k=0")
+    return out
 
 
 def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
