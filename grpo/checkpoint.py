@@ -35,6 +35,7 @@ from grpo.errors import NO_ROOM, ConfigError, WriteError, os_reason, write_failu
 
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
+REFERENCE = "reference.safetensors"  # with algo.ref_sync_every on a full model: the reference as it is now
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -93,9 +94,11 @@ def tied_names(model) -> set[str]:
 
 
 def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rng: dict, state: dict,
-                    config_yaml: str, keep_last: int, is_main: bool = True) -> Path:
+                    config_yaml: str, keep_last: int, is_main: bool = True,
+                    reference: dict[str, torch.Tensor] | None = None) -> Path:
     """Write the checkpoint of `step` atomically and keep only the newest `keep_last` complete ones. Every
-    process calls it (gathering sharded state is collective); only the main process writes."""
+    process calls it (gathering sharded state is collective); only the main process writes. `reference`: the
+    weights of a reference that resets have moved, stored beside the model's."""
     weights = full_model_state(model)
     optim = get_optimizer_state_dict(model, optimizer, options=FULL)
     root = checkpoint_root(run_dir)
@@ -104,7 +107,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rn
         return final
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     try:
-        _write(tmp, final, step, weights, optim, scheduler, rng, state, config_yaml)
+        _write(tmp, final, step, weights, optim, scheduler, rng, state, config_yaml, reference)
     except OSError as e:  # a full disk, a quota: nothing half-written stays, and the message says where to resume
         shutil.rmtree(tmp, ignore_errors=True)
         raise WriteError(f"could not write the checkpoint of step {step} into {root}: {os_reason(e)}; "
@@ -122,25 +125,22 @@ def resume_hint(run_dir: Path, error: BaseException | None = None) -> str:
     return f"no checkpoint was complete yet: {fix} and run again with train.resume=auto, which starts the run over"
 
 
-def _write(tmp: Path, final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml) -> None:
+def _write(tmp: Path, final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml,
+           reference=None) -> None:
     """The checkpoint's files into `tmp`, each synced, the marker last, then renamed to `final`."""
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    try:
-        save_file(weights, str(tmp / "model.safetensors"))
-    except Exception as e:  # safetensors' SafetensorError: the reason is in its message
-        failed = write_failure(e)
-        if failed is None:
-            raise
-        raise OSError(failed.errno, failed.strerror, str(tmp / "model.safetensors")) from None
+    _save_tensors(weights, tmp / "model.safetensors")
+    if reference is not None:
+        _save_tensors({k: v.detach().contiguous() for k, v in reference.items()}, tmp / REFERENCE)
     _torch_save(optim, tmp / "optimizer.pt")
     _torch_save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
     (tmp / "config.yaml").write_text(config_yaml)
     files = {}
-    for name in FILES:
+    for name in FILES + ((REFERENCE,) if reference is not None else ()):
         _fsync(tmp / name)
         files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
     (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
@@ -154,6 +154,16 @@ def _write(tmp: Path, final: Path, step: int, weights, optim, scheduler, rng, st
     _fsync(root)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _save_tensors(tensors: dict, path: Path) -> None:
+    try:
+        save_file(tensors, str(path))
+    except Exception as e:  # safetensors' SafetensorError: the reason is in its message
+        failed = write_failure(e)
+        if failed is None:
+            raise
+        raise OSError(failed.errno, failed.strerror, str(path)) from None
 
 
 class _Writes:
@@ -223,7 +233,7 @@ def verify(ckpt: Path) -> str | None:
         files = json.loads(marker.read_text())["files"]
     except (ValueError, KeyError, TypeError):
         return f"unreadable {MARKER} marker"
-    for name in FILES:
+    for name in sorted(set(FILES) | set(files)):
         p = ckpt / name
         if name not in files or not p.is_file():
             return f"{name} is missing"
@@ -255,8 +265,9 @@ def find_checkpoint(spec: str, run_dir: Path) -> Path | None:
     return None
 
 
-def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
-    """Restore model, optimizer, LR schedule and RNG states in place; return the trainer state."""
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, reference: dict | None = None) -> dict:
+    """Restore model, optimizer, LR schedule and RNG states in place; return the trainer state. `reference`: the
+    reference's tensors by name, filled from the checkpoint's reference.safetensors (which must then exist)."""
     weights = load_file(str(ckpt / "model.safetensors"))
     expected = set(get_model_state_dict(model).keys())
     missing = sorted(expected - set(weights) - tied_names(model))
@@ -267,6 +278,13 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler) -> dict:
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     set_optimizer_state_dict(model, optimizer, torch.load(ckpt / "optimizer.pt", weights_only=True),
                              options=StateDictOptions(full_state_dict=True))
+    if reference is not None:
+        if not (ckpt / REFERENCE).is_file():
+            raise ConfigError(f"checkpoint {ckpt} has no {REFERENCE}: it was written without algo.ref_sync_every")
+        saved = load_file(str(ckpt / REFERENCE))
+        with torch.no_grad():
+            for name, t in reference.items():
+                t.copy_(saved[name])
     extra = torch.load(ckpt / "rng.pt", weights_only=True)
     scheduler.load_state_dict(extra["scheduler"])
     set_rng_states(extra["rng"])

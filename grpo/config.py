@@ -12,6 +12,7 @@ import importlib.util
 import os
 import types
 import typing
+import warnings
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -126,7 +127,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgoConfig:
-    preset: Literal["grpo", "dr_grpo", "dapo", "gspo"] = opt(
+    preset: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"] = opt(
         "grpo", "Named algorithm (see docs/objective.md); sets the fields below, each of which can still be set.")
     scale: Literal["group", "batch", "none", "rloo"] = opt(
         "group", "Advantage scaling: group std (GRPO), batch std (Lite PPO), none (Dr. GRPO), leave-one-out (RLOO).")
@@ -134,8 +135,31 @@ class AlgoConfig:
     eps: float = opt(1e-4, "Added to the std before dividing.", ge=0)
     beta: float = opt(0.04, "KL coefficient; 0 loads no reference model.", ge=0)
     kl_kind: Literal["k1", "k2", "k3"] = opt("k3", "KL estimator per token (k3: DeepSeekMath eq. 4).")
-    clip_low: float = opt(0.2, "ε_low: the ratio is clipped below at 1 − clip_low.", ge=0, lt=1)
-    clip_high: float = opt(0.2, "ε_high: the ratio is clipped above at 1 + clip_high.", ge=0)
+    clip_low: float = opt(0.2, "ε_low: the ratio is clipped below at 1 − clip_low (CISPO: its importance weight; "
+                               "1 leaves no lower bound).", ge=0, le=1)
+    clip_high: float = opt(0.2, "ε_high: the ratio is clipped above at 1 + clip_high (CISPO: its importance "
+                                "weight).", ge=0)
+    surrogate: Literal["clip", "cispo", "sapo"] = opt(
+        "clip", "The policy term per token: PPO's clipped surrogate (clip), CISPO's REINFORCE with a clipped, "
+                "detached importance weight (cispo, MiniMax-M1), or SAPO's soft gate (sapo, Qwen); "
+                "docs/objective.md.")
+    dual_clip: float = opt(0.0, "c of dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, 3 there): a token with "
+                                "Â < 0 and r > c has loss c·|Â| and no gradient; 0 turns it off, else more than 1. "
+                                "Only with surrogate=clip.", ge=0)
+    ref_sync_every: int = opt(0, "Reset the KL reference every this many steps: reference ← α·policy + (1 − α)·"
+                                 "reference with α = ref_sync_alpha (1: DeepSeekMath's iterative GRPO, the reference "
+                                 "becomes the policy; DeepSeek-R1 reset every 400 steps); with LoRA the base weights "
+                                 "take α of the adapter's update (docs/objective.md). 0: the reference stays the "
+                                 "initial policy.", ge=0)
+    ref_sync_alpha: float = opt(1.0, "α of the reference reset: 1 a hard reset, below 1 a soft mix of the weights "
+                                     "(TR-DPO; TRL's ref_model_mixup_alpha, 0.6 there).", gt=0, le=1)
+    top_entropy_quantile: float = opt(1.0, "ρ of top-entropy masking (Wang et al. 2025, Beyond the 80/20 Rule; TRL's "
+                                           "top_entropy_quantile): only the tokens whose entropy is in the top ρ of "
+                                           "the step's loss tokens carry the policy term (the paper: 0.2); the KL "
+                                           "term and the normaliser keep every token. 1: off.", gt=0, le=1)
+    sapo_tau_pos: float = opt(1.0, "SAPO's gate temperature τ for tokens with Â > 0.", gt=0)
+    sapo_tau_neg: float = opt(1.05, "SAPO's gate temperature τ for tokens with Â ≤ 0 (higher: their updates decay "
+                                    "faster away from r = 1).", gt=0)
     ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token, or per sequence (GSPO).")
     aggregation: Literal["seq_mean", "token_mean", "constant"] = opt(
         "seq_mean", "Loss normaliser: per-sequence token mean (GRPO), step-wide token mean (DAPO), or "
@@ -352,6 +376,7 @@ def read_yaml(path: str | Path) -> dict:
 def from_dict(raw: dict) -> Config:
     """Strict conversion: every key must be a field, every value of the field's type and in its range."""
     raw = dict(raw)
+    explicit = set(flatten(raw))  # the keys the user set (not those a preset filled in)
     algo = raw.get("algo", {})
     if isinstance(algo, dict):
         preset = algo.get("preset", AlgoConfig.preset)
@@ -360,7 +385,40 @@ def from_dict(raw: dict) -> Config:
         raw["algo"] = {**base, **algo}
     cfg = _build(Config, raw, "")
     validate(cfg)
+    for message in traps(cfg, explicit):
+        warnings.warn(message, stacklevel=2)
     return cfg
+
+
+def traps(cfg: Config, explicit: set[str] = frozenset()) -> list[str]:
+    """Combinations that run but are known mistakes, each as the warning `load_config` gives once. `explicit`:
+    the dotted keys the user set; a setting that cannot act is flagged only when set on purpose (not by a
+    preset, such as dapo's clip-higher, which acts as soon as the data are off-policy)."""
+    a, r = cfg.algo, cfg.rollout
+    out = []
+    if a.ratio_level == "sequence" and a.aggregation == "token_mean":
+        out.append("algo.ratio_level=sequence (GSPO) with algo.aggregation=token_mean weights each sequence by its "
+                   "length, while GSPO's objective is a mean over sequences (its paper, and verl, which forces "
+                   "seq_mean): use algo.aggregation=seq_mean")
+    if a.num_iterations == 1 and r.backend == "hf":  # no off-policy data: the ratio is exactly 1 (docs/training.md)
+        why = ("with algo.num_iterations=1 and the in-process sampler (rollout.backend=hf) every ratio is exactly 1, "
+               "so it cannot act; it needs off-policy data (algo.num_iterations > 1, or a sampler of its own)")
+        clips = sorted(k for k in ("algo.clip_low", "algo.clip_high") if k in explicit)
+        if clips:
+            out.append(f"{' and '.join(clips)} set: {why}")
+        if a.dual_clip:
+            out.append(f"algo.dual_clip={a.dual_clip:g}: {why}")
+        corrections = sorted(k for k in explicit if k.startswith("algo.sampler_correction"))
+        if corrections:
+            out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
+                       "so the sampler-trainer correction is exactly 1 and cannot act")
+    if r.top_p < 1 or r.top_k:
+        what = " and ".join(x for x in (f"rollout.top_p={r.top_p:g}" if r.top_p < 1 else "",
+                                        f"rollout.top_k={r.top_k}" if r.top_k else "") if x)
+        out.append(f"{what}: completions are sampled from the truncated distribution but the loss's log-probs (the "
+                   "ratio, the KL, the sampler correction) come from the full one, so training is slightly "
+                   "off-policy (SPEC 11.7; huggingface/trl#6789); train with top_p=1 and top_k=0")
+    return out
 
 
 def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
@@ -416,6 +474,15 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_engine import INSTALL
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")
+    if cfg.algo.ref_sync_every and not cfg.algo.beta:
+        raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
+                          "loads none: set algo.beta > 0 or algo.ref_sync_every=0")
+    if cfg.algo.dual_clip and not cfg.algo.dual_clip > 1:
+        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} must be more than 1 (the surrogate of a token with "
+                          "Â < 0 is bounded at c·Â, c > 1), or 0 to turn it off")
+    if cfg.algo.dual_clip and cfg.algo.surrogate != "clip":
+        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} bounds PPO's clipped surrogate; algo.surrogate="
+                          f"{cfg.algo.surrogate} has none: set algo.dual_clip=0 or algo.surrogate=clip")
     if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
         raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
                           f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import loss_normalizer, policy_loss, sampler_weights
+from grpo.algo import entropy_figures, entropy_threshold, loss_normalizer, policy_loss, sampler_weights, top_entropy_mask
 from grpo.distributed import Dist, no_sync
 from grpo.experience import Experience
 from grpo.policy import inference
@@ -42,6 +42,11 @@ class Learner:
     ratio_level: str = "token"
     aggregation: str = "seq_mean"
     num_iterations: int = 1
+    surrogate: str = "clip"                  # algo.surrogate; dual_clip None when algo.dual_clip = 0
+    dual_clip: float | None = None
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    top_entropy_quantile: float = 1.0        # ρ: the highest-entropy fraction of tokens that carries the policy term
     correction: str = "token_tis"            # algo.sampler_correction, when the Experience has sampler log-probs
     correction_cap: float = 2.0
     correction_floor: float = 0.0
@@ -57,10 +62,20 @@ def learn(lr: Learner, exp: Experience, dist: Dist) -> list[dict]:
                                  max_completion_length=lr.max_completion_length)
     parts = list(micro_batches(exp.prompt_mask, exp.completion_mask, lr.max_rows, lr.max_tokens))
     # 6. reference and old log-probs, without gradients
-    ref_logp = _logprobs_no_grad(lr, lr.reference, exp, parts) if lr.reference is not None else None
-    old_logp = _logprobs_no_grad(lr, lr.trainable, exp, parts) if lr.num_iterations > 1 else None
+    ref_logp = _logprobs_no_grad(lr, lr.reference, exp, parts)[0] if lr.reference is not None else None
+    masking = lr.top_entropy_quantile < 1
+    old_logp, old_entropy = (_logprobs_no_grad(lr, lr.trainable, exp, parts, entropy=masking)
+                             if lr.num_iterations > 1 or masking else (None, None))
+    if lr.num_iterations == 1:  # μ = 1: the ratio is to the training pass itself (logp.detach())
+        old_logp = None
+    # top-entropy masking: the threshold over every loss token of the step, on every process (SPEC 13.8)
+    keep = None
+    if masking:
+        mine = old_entropy[exp.loss_mask.bool()].cpu()
+        threshold = entropy_threshold(torch.cat(dist.gather_objects(mine)), lr.top_entropy_quantile)
+        keep = top_entropy_mask(old_entropy, exp.loss_mask, threshold)
     # 7. μ updates
-    return [_update(lr, dist, exp, parts, normalizer, ref_logp, old_logp) for _ in range(lr.num_iterations)]
+    return [_update(lr, dist, exp, parts, normalizer, ref_logp, old_logp, keep) for _ in range(lr.num_iterations)]
 
 
 def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_rows: int,
@@ -83,21 +98,27 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
         start = end
 
 
-def _mb_logprobs(lr: Learner, module, exp: Experience, rows, pcols, ccols) -> torch.Tensor:
+def _mb_logprobs(lr: Learner, module, exp: Experience, rows, pcols, ccols, entropy: bool = False):
     return module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
-                  exp.completion_mask[rows, ccols], temperature=lr.temperature, chunk_size=lr.chunk_size)
+                  exp.completion_mask[rows, ccols], temperature=lr.temperature, chunk_size=lr.chunk_size,
+                  entropy=entropy)
 
 
-def _logprobs_no_grad(lr: Learner, module, exp: Experience, parts) -> torch.Tensor:
+def _logprobs_no_grad(lr: Learner, module, exp: Experience, parts, entropy: bool = False):
+    """(N, T) log-probs of the whole step without gradients, and its entropies if asked (else None)."""
     out = torch.zeros(exp.completion_ids.shape, dtype=torch.float32, device=exp.completion_ids.device)  # (N, T)
+    ent = torch.zeros_like(out) if entropy else None
     for rows, pcols, ccols in parts:
         with inference(module):  # no autograd bookkeeping; the copy into `out` leaves inference mode
-            logp = _mb_logprobs(lr, module, exp, rows, pcols, ccols)
+            result = _mb_logprobs(lr, module, exp, rows, pcols, ccols, entropy=entropy)
+        logp, h = result if entropy else (result, None)
         out[rows, ccols] = logp.float()
-    return out
+        if entropy:
+            ent[rows, ccols] = h.float()
+    return out, ent
 
 
-def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, ref_logp, old_logp) -> dict:
+def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, ref_logp, old_logp, keep) -> dict:
     """One optimiser update over the whole step: gradients summed over micro-batches and processes. An update
     whose loss or gradient is not finite is skipped, on every process alike."""
     lr.optimizer.zero_grad(set_to_none=True)
@@ -105,14 +126,16 @@ def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, 
     nonfinite = None
     for i, (rows, pcols, ccols) in enumerate(parts):
         with no_sync(lr.trainable, skip=i < len(parts) - 1):  # DDP all-reduces once, after the last micro-batch
-            logp = _mb_logprobs(lr, lr.trainable, exp, rows, pcols, ccols)
+            logp, entropy = _mb_logprobs(lr, lr.trainable, exp, rows, pcols, ccols, entropy=True)
             old = old_logp[rows, ccols] if old_logp is not None else logp.detach()
             ref = ref_logp[rows, ccols] if ref_logp is not None else None
-            weight = None
+            _add(totals, entropy_figures(entropy, exp.loss_mask[rows, ccols]))  # the current policy's, as logged
+            weight = keep[rows, ccols] if keep is not None else None  # 0 on tokens below the entropy threshold
             if exp.sampler_logp is not None:  # π_old / π_smp: the trainer's log-probs against the sampler's
-                weight, mismatch = sampler_weights(old, exp.sampler_logp[rows, ccols], exp.loss_mask[rows, ccols],
-                                                   mode=lr.correction, cap=lr.correction_cap,
-                                                   floor=lr.correction_floor)
+                correction, mismatch = sampler_weights(old, exp.sampler_logp[rows, ccols], exp.loss_mask[rows, ccols],
+                                                       mode=lr.correction, cap=lr.correction_cap,
+                                                       floor=lr.correction_floor)
+                weight = correction if weight is None else weight * correction
                 totals["mismatch/abs_diff_max"] = max(totals.get("mismatch/abs_diff_max", 0.0),
                                                       mismatch.pop("abs_diff_max").item())
                 mismatch.pop("tokens")
@@ -121,7 +144,8 @@ def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, 
                                       ref_logp=ref, beta=lr.beta, clip_low=lr.clip_low, clip_high=lr.clip_high,
                                       ratio_level=lr.ratio_level, aggregation=lr.aggregation,
                                       normalizer=normalizer, max_completion_length=lr.max_completion_length,
-                                      kl_kind=lr.kl_kind, is_weight=weight)
+                                      kl_kind=lr.kl_kind, surrogate=lr.surrogate, dual_clip=lr.dual_clip,
+                                      sapo_tau_pos=lr.sapo_tau_pos, sapo_tau_neg=lr.sapo_tau_neg, is_weight=weight)
             if not torch.isfinite(loss) and nonfinite is None:
                 nonfinite = "loss"
             # the normaliser already counts every process; DDP and FSDP average gradients over processes,
@@ -131,7 +155,7 @@ def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, 
         _add(totals, {"loss": loss.item(), "loss/policy": stats["loss/policy"].item(),
                       "loss/kl": stats["loss/kl"].item(), "tokens": tokens})
         _add(totals, {k: stats[k].item() * tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac",
-                                                            "clip/high_frac")})
+                                                            "clip/high_frac", "clip/dual_frac") if k in stats})
     params = [p for p in lr.trainable.parameters() if p.requires_grad]
     max_norm = lr.max_grad_norm if lr.max_grad_norm > 0 else math.inf
     totals["grad_norm"] = _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).item()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from grpo.algo.entropy import QUARTERS
 from grpo.config import LogConfig
 from grpo.distributed import Dist
 from grpo.experience import Experience
@@ -219,10 +220,17 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
          if k not in ("grad_norm", "nonfinite", "mismatch/abs_diff_max")}
     tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
     per_token = ["kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac"]
+    if "clip/dual_frac" in updates[0]:  # algo.dual_clip
+        per_token.append("clip/dual_frac")
     if "mismatch/abs_diff_max" in updates[0]:  # a sampler with log-probs of its own (SPEC 13.1)
         per_token += ["mismatch/abs_diff", "mismatch/k3", "mismatch/capped", "mismatch/weight"]
         m["mismatch/abs_diff_max"] = dist.max(max(d["mismatch/abs_diff_max"] for d in updates))
     m.update({k: u[k] / tokens if tokens else float("nan") for k in per_token})
+    # the policy's entropy at the sampling temperature, over the loss tokens, and by quarter of each completion
+    m["entropy/mean"] = u["entropy"] / tokens if tokens else float("nan")
+    for q in range(1, QUARTERS + 1):
+        n = u[f"entropy/q{q}_tokens"]
+        m[f"entropy/q{q}"] = u[f"entropy/q{q}"] / n if n else float("nan")
     m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
     m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
     m["completion/mean_length"] = lengths.mean().item()

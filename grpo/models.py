@@ -112,17 +112,23 @@ def frozen_copy(model):
     return ref
 
 
-def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig) -> None:
+def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig,
+               base_moved: bool = False) -> None:
     """The trained model via save_pretrained: full weights, or the LoRA adapter (plus merged weights if asked).
+    `base_moved`: reference resets moved a LoRA model's base weights, so the adapter alone no longer gives the
+    policy on the original base: `model/` then holds the merged weights, a full model.
     Each directory is written beside its place and renamed into it (grpo/rundir.py `replace_dir`), so a kill or a
     full disk never leaves a half-written `model/`; a failed write raises WriteError."""
     from grpo.rundir import replace_dir
 
     try:
         with replace_dir(out / "model") as tmp:
-            model.save_pretrained(tmp, **({} if is_lora(model) else {"state_dict": state_dict}))
+            if base_moved:
+                model.merge_and_unload().save_pretrained(tmp)
+            else:
+                model.save_pretrained(tmp, **({} if is_lora(model) else {"state_dict": state_dict}))
             tokenizer.save_pretrained(tmp)
-        if is_lora(model) and lora.save_merged:
+        if is_lora(model) and lora.save_merged and not base_moved:
             with replace_dir(out / "model-merged") as tmp:
                 model.merge_and_unload().save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)

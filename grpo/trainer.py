@@ -38,6 +38,7 @@ from grpo.metrics import RunLogger, sample_rows, step_metrics
 from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
+from grpo.reference import ReferenceSync, reference_weights
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
 from grpo.rundir import claim, clear, discard_unstarted
 from grpo.rollout import build_generator, rollout_sampling
@@ -141,12 +142,14 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
             # 5-7. normaliser, reference and old log-probs, μ updates
             updates = learn(run.learner, exp, dist)
             run.scheduler.step()
+            reset = run.reference_sync(step)  # algo.ref_sync_every: the reference takes the policy's weights
             # 8. the generator samples from the new weights from now on
             run.generator.sync_weights(run.policy)
             # 9. log, evaluate, checkpoint
             metrics = step_metrics(exp, updates, dist, group_size=cfg.rollout.group_size,
                                    seconds=time.perf_counter() - start, rollout_seconds=rollout_seconds,
                                    lr=run.scheduler.get_last_lr()[0])
+            metrics.update(reset)
             _check_finite(cfg, state, updates, metrics, step, logger, result)
             _warn_unscored(exp, step, logger)
             if cfg.log.samples_every and step % cfg.log.samples_every == 0:
@@ -170,7 +173,8 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
         error = None
         if dist.is_main:
             try:
-                save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora)
+                save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora,
+                           base_moved=is_lora(run.policy) and cfg.algo.ref_sync_every > 0)
             except WriteError as e:
                 error = f"{e}; {resume_hint(out, e)}"
         _raise_on_every_process(dist, error)
@@ -194,6 +198,12 @@ class _Run:
     eval_set: list
     correct_fn: RewardFn
     config_yaml: str
+    reference_sync: ReferenceSync
+
+    def moved_reference(self) -> dict | None:
+        """A full model's reference tensors when resets can move them (checkpointed and restored), else None."""
+        sync = self.reference_sync
+        return reference_weights(sync.reference_model) if sync.every and sync.reference_model is not None else None
 
 
 def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
@@ -206,9 +216,10 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                         autocast_bf16=m.autocast_bf16)
     # the reference is the initial policy (before any resume or sharding), frozen; with LoRA, the same model
     # with its adapter disabled
-    reference = None
+    reference, reference_copy = None, None
     if a.beta > 0:
-        reference = LogprobModule(policy if is_lora(policy) else frozen_copy(policy), path,
+        reference_copy = None if is_lora(policy) else frozen_copy(policy)
+        reference = LogprobModule(policy if reference_copy is None else reference_copy, path,
                                   adapter_off=is_lora(policy))
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
     all_finished = lambda done: not dist.any(not done)  # noqa: E731 - every process is done
@@ -223,6 +234,8 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                       multi_turn=cfg.rollout.environment != "single_turn")
     optimizer, scheduler = build_optimizer((p for p in trainable.parameters() if p.requires_grad), cfg.optim,
                                            cfg.train.lr, cfg.train.steps)
+    reference_sync = ReferenceSync(policy, reference_copy, optimizer, every=a.ref_sync_every,
+                                   alpha=a.ref_sync_alpha, lora=is_lora(policy))
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
     generator = build_generator(policy, tokenizer, cfg, all_finished=all_finished, world_size=dist.world_size)
     collector = Collector(environment, generator, reward_fns, cfg.reward_weights,
@@ -234,6 +247,8 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                       cfg.optim.max_grad_norm,
                       beta=a.beta, kl_kind=a.kl_kind, clip_low=a.clip_low, clip_high=a.clip_high,
                       ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations,
+                      surrogate=a.surrogate, dual_clip=a.dual_clip or None, sapo_tau_pos=a.sapo_tau_pos,
+                      sapo_tau_neg=a.sapo_tau_neg, top_entropy_quantile=a.top_entropy_quantile,
                       correction=a.sampler_correction, correction_cap=a.sampler_correction_cap,
                       correction_floor=a.sampler_correction_floor)
     # every prompt fits the context with room for a completion (refused, or cut from the left)
@@ -244,7 +259,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     stream = PromptStream(fit(task.train, what="training"), cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
-                resolve_reward(cfg.eval.reward, field="eval.reward"), to_yaml(cfg))
+                resolve_reward(cfg.eval.reward, field="eval.reward"), to_yaml(cfg), reference_sync)
 
 
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
@@ -265,7 +280,8 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
     if saved["train"]["steps"] != cfg.train.steps and cfg.optim.lr_schedule != "constant":
         warnings.warn(f"train.steps changed from {saved['train']['steps']} to {cfg.train.steps}: the "
                       f"{cfg.optim.lr_schedule} LR decay now ends at the new step count", stacklevel=3)
-    raw = load_checkpoint(ckpt, model=run.policy, optimizer=run.optimizer, scheduler=run.scheduler)  # shards too
+    raw = load_checkpoint(ckpt, model=run.policy, optimizer=run.optimizer, scheduler=run.scheduler,  # shards too
+                          reference=run.moved_reference())
     run.generator.sync_weights(run.policy)  # an engine started from the initial weights samples from these
     state = TrainState(**raw)
     run.stream.restore(state.stream["epoch"], state.stream["position"])
@@ -278,7 +294,8 @@ def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
     try:  # only the main process writes; if it cannot, every process stops with its message (none waits for it)
         path = save_checkpoint(Path(cfg.train.output_dir), state.step, model=run.policy, optimizer=run.optimizer,
                                scheduler=run.scheduler, rng=rng_states(), state=asdict(state),
-                               config_yaml=run.config_yaml, keep_last=cfg.train.keep_last, is_main=dist.is_main)
+                               config_yaml=run.config_yaml, keep_last=cfg.train.keep_last, is_main=dist.is_main,
+                               reference=run.moved_reference())
     except WriteError as e:
         error = str(e)
     _raise_on_every_process(dist, error)

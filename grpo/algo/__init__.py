@@ -5,10 +5,12 @@ Nothing here knows about models, configs or process groups: tensors and plain va
 from grpo.algo.advantages import (compute_advantages, group_advantages, informative_groups, process_advantages,
                                   rloo_advantages)
 from grpo.algo.correction import CORRECTIONS, sampler_weights
+from grpo.algo.entropy import entropy_figures, entropy_threshold, top_entropy_mask
 from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
 from grpo.algo.loss import kl_penalty, loss_normalizer, policy_loss
 from grpo.algo.presets import PRESETS, Preset, get_preset
 
-__all__ = ["CORRECTIONS", "PRESETS", "Preset", "compute_advantages", "get_preset", "group_advantages", "informative_groups",
+__all__ = ["CORRECTIONS", "PRESETS", "Preset", "compute_advantages", "entropy_figures", "entropy_threshold",
+           "get_preset", "group_advantages", "informative_groups", "top_entropy_mask",
            "kl_penalty", "loss_normalizer", "policy_loss",
            "process_advantages", "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden"]

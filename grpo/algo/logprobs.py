@@ -37,28 +37,37 @@ def _check_range(targets: torch.Tensor, vocab: int) -> None:
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                   chunk_size: int | None = None) -> torch.Tensor:
+                   chunk_size: int | None = None, entropy: bool = False):
     """log softmax(logits / temperature)[targets]: (B, T, V), (B, T) → (B, T) float32.
 
     With `chunk_size`, at most `chunk_size` positions are turned into float32 at a time, forward and backward.
+    `entropy=True` also returns the entropy H = logsumexp(z) − Σ_v p_v z_v of softmax(z), z = logits /
+    temperature, per position: (logp, H), H detached (no gradient flows through it).
 
-    Example: logits [[[0, ln 3]]] (one position, V = 2), target 1 → log(3/4) = −0.287682.
+    Example: logits [[[0, ln 3]]] (one position, V = 2), target 1 → log(3/4) = −0.287682; H = 0.562335.
     """
     _check("logits", logits, targets, temperature)
     _check_range(targets, logits.shape[-1])
     if chunk_size is None:
         logp = torch.log_softmax(logits.to(_acc(logits.dtype)) / temperature, dim=-1)
-        return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        out = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        if not entropy:
+            return out
+        with torch.no_grad():
+            return out, -(logp.exp() * logp).sum(-1)
     check_positive_int("chunk_size", chunk_size)
     b, t, v = logits.shape
-    out = _ChunkedLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), temperature, chunk_size)
-    return out.view(b, t)
+    out, ent = _ChunkedLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), temperature, chunk_size,
+                                      entropy)
+    return (out.view(b, t), ent.view(b, t)) if entropy else out.view(b, t)
 
 
 def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                                temperature: float = 1.0, chunk_size: int = 1024,
-                               matmul_dtype: torch.dtype | None = None) -> torch.Tensor:
+                               matmul_dtype: torch.dtype | None = None, entropy: bool = False):
     """log softmax((hidden @ weight.T) / temperature)[targets]: (B, T, H), (V, H), (B, T) → (B, T) float32.
+    `entropy=True` also returns the entropy of each position's distribution, from the same chunks (never a
+    (B, T, V) tensor; SPEC 13.5): (logp, H), H detached.
 
     `weight` is the output projection (`model.lm_head.weight`, no bias). The (chunk, V) logits exist one
     chunk at a time; gradients flow to both `hidden` and `weight`. `matmul_dtype` (e.g. bfloat16, as autocast
@@ -73,9 +82,9 @@ def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targe
     _check_range(targets, weight.shape[0])
     check_positive_int("chunk_size", chunk_size)
     b, t, h = hidden.shape
-    out = _HiddenLogprobs.apply(hidden.reshape(b * t, h), weight, targets.reshape(b * t), temperature, chunk_size,
-                                matmul_dtype)
-    return out.view(b, t)
+    out, ent = _HiddenLogprobs.apply(hidden.reshape(b * t, h), weight, targets.reshape(b * t), temperature,
+                                     chunk_size, matmul_dtype, entropy)
+    return (out.view(b, t), ent.view(b, t)) if entropy else out.view(b, t)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -87,10 +96,18 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float):
+def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: torch.Tensor | None = None):
+    """This chunk's log-probs and log-sum-exp; with `ent` (a slice of the output), its entropies written there:
+    H = lse − Σ p·z, the form TRL and verl use."""
     z = z.to(_acc(z.dtype)) / temperature  # (c, V) in float32, one chunk only
     lse = torch.logsumexp(z, dim=-1)
+    if ent is not None:
+        ent.copy_(lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1))
     return z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse, lse
+
+
+def _entropies(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> torch.Tensor:
+    return like.new_empty(n if wanted else 0, dtype=dtype)
 
 
 def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, temperature: float):
@@ -103,46 +120,51 @@ def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, temperature, chunk_size):
+    def forward(ctx, logits, targets, temperature, chunk_size, entropy):
         n = logits.shape[0]
         out = logits.new_empty(n, dtype=_acc(logits.dtype))
         lse = logits.new_empty(n, dtype=_acc(logits.dtype))
+        ent = _entropies(n, logits, _acc(logits.dtype), entropy)
         for s in range(0, n, chunk_size):
             out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(
-                logits[s:s + chunk_size], targets[s:s + chunk_size], temperature)
+                logits[s:s + chunk_size], targets[s:s + chunk_size], temperature,
+                ent[s:s + chunk_size] if entropy else None)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        return out
+        ctx.mark_non_differentiable(ent)
+        return out, ent
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_entropy):
         logits, targets, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], ctx.chunk_size):
             e = s + ctx.chunk_size
             grad[s:e] = _chunk_grad(logits[s:e], targets[s:e], lse[s:e], grad_out[s:e].to(lse.dtype), ctx.temperature)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 class _HiddenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, matmul_dtype):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, matmul_dtype, entropy):
         n = hidden.shape[0]
         dtype = matmul_dtype or torch.promote_types(hidden.dtype, weight.dtype)
         out = hidden.new_empty(n, dtype=_acc(dtype))
         lse = hidden.new_empty(n, dtype=_acc(dtype))
+        ent = _entropies(n, hidden, _acc(dtype), entropy)
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             for s in range(0, n, chunk_size):
                 z = hidden[s:s + chunk_size].to(dtype) @ w.T
-                out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(z, targets[s:s + chunk_size],
-                                                                              temperature)
+                out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(
+                    z, targets[s:s + chunk_size], temperature, ent[s:s + chunk_size] if entropy else None)
         ctx.save_for_backward(hidden, weight, targets, lse)
         ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
-        return out
+        ctx.mark_non_differentiable(ent)
+        return out, ent
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, grad_out, _grad_entropy):
         hidden, weight, targets, lse = ctx.saved_tensors
         dtype = ctx.dtype
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
@@ -159,4 +181,4 @@ class _HiddenLogprobs(torch.autograd.Function):
                     grad_h[s:e] = dz @ w
                 if grad_w is not None:
                     grad_w += (dz.T @ h).to(grad_w.dtype)
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None

@@ -25,13 +25,18 @@ class Preset:
     note: str = ""
     # sampling
     dynamic_sampling: bool = False
+    # the policy term (grpo.algo.policy_loss): PPO's clip, CISPO's truncated weight or SAPO's soft gate
+    surrogate: str = "clip"
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
 
     def advantage_kwargs(self) -> dict:
         return {"scale": self.scale, "std": self.std}
 
     def loss_kwargs(self) -> dict:
         return {k: v for k, v in asdict(self).items()
-                if k in ("beta", "clip_low", "clip_high", "ratio_level", "aggregation")}
+                if k in ("beta", "clip_low", "clip_high", "ratio_level", "aggregation", "surrogate", "sapo_tau_pos",
+                         "sapo_tau_neg")}
 
 
 PRESETS: dict[str, Preset] = {
@@ -57,6 +62,19 @@ PRESETS: dict[str, Preset] = {
         scale="group", std="sample", beta=0.0, clip_low=3e-4, clip_high=4e-4,
         ratio_level="sequence", aggregation="seq_mean",
         note="length-normalised sequence ratio, clip ranges 3e-4/4e-4, β = 0 (TRL's reproduction setting)"),
+    "cispo": Preset(
+        "cispo", "MiniMax 2025, MiniMax-M1, arXiv:2506.13585 (§3.1, eq. 4-5)",
+        scale="group", std="sample", beta=0.0, clip_low=1.0, clip_high=0.2,
+        ratio_level="token", aggregation="token_mean", surrogate="cispo",
+        note="REINFORCE with a clipped, detached importance weight sg(clip(r, 1 − ε_low, 1 + ε_high)) on every "
+             "token, normalised by the step's token count, β = 0; no lower bound (ε_low = 1), as the paper; the "
+             "paper tunes only ε_high and does not report it here: 0.2 is verl's example (cap 1.2)"),
+    "sapo": Preset(
+        "sapo", "Gao et al. 2025 (Qwen), Soft Adaptive Policy Optimization, arXiv:2511.20347",
+        scale="group", std="sample", beta=0.0, clip_low=0.2, clip_high=0.2,
+        ratio_level="token", aggregation="seq_mean", surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=1.05,
+        note="a soft gate (4/τ)·σ(τ(r − 1)) instead of the clip, τ = 1.0 for Â > 0 and 1.05 otherwise (the "
+             "defaults of TRL and verl), per-sequence token mean, β = 0; ε is unused"),
 }
 
 

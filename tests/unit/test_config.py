@@ -45,7 +45,9 @@ def test_override_values_are_yaml():
     ("train.steps=2.5", "train.steps must be an int, got 2.5"),
     ("train.steps=0", "train.steps=0 is out of range; it must be >= 1"),
     ("train.lr=-1", "train.lr=-1.0 is out of range; it must be > 0"),
-    ("algo.clip_low=1", "algo.clip_low=1.0 is out of range; it must be >= 0 and < 1"),
+    ("algo.clip_low=1.5", "algo.clip_low=1.5 is out of range; it must be >= 0 and <= 1"),
+    ("algo.dual_clip=0.5", "algo.dual_clip=0.5 must be more than 1"),
+
     ("rollout.top_p=1.5", "rollout.top_p=1.5 is out of range; it must be > 0 and <= 1"),
     ("rollout.group_size=1", "rollout.group_size=1 is out of range; it must be >= 2"),
     ("algo.aggregation=sum", "algo.aggregation='sum' is not allowed; choose one of 'seq_mean', 'token_mean', 'constant'"),
@@ -94,6 +96,7 @@ def test_file_errors(tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (["lora.rank=4", "compute.sharding=fsdp"], "lora.rank > 0 with compute.sharding=fsdp is not supported"),
+    (["algo.surrogate=sapo", "algo.dual_clip=3"], "algo.dual_clip=3 bounds PPO.s clipped surrogate; algo.surrogate=sapo has none"),
     (["lora.rank=4", "lora.dropout=0.05"], "lora.dropout=0.05 is not supported: GRPO.s ratio compares"),
     (["rewards=[overlong]", "overlong_buffer=33"], "overlong_buffer=33 is larger than rollout.max_new_tokens=32"),
     (["rollout.environment=tools"], "rollout.environment=tools renders episodes with the chat template"),
@@ -149,7 +152,8 @@ def test_every_field_is_documented_once():
 
 def test_shipped_configs_load_and_validate():
     names = shipped_configs()
-    assert {"tiny", "presets/grpo", "presets/dr_grpo", "presets/dapo", "presets/gspo", "qwen2_math_1p5b"} <= set(names)
+    assert {"tiny", "presets/grpo", "presets/dr_grpo", "presets/dapo", "presets/gspo", "presets/cispo",
+            "presets/sapo", "qwen2_math_1p5b"} <= set(names)
     for name in names:
         load_config(CONFIG_DIR / f"{name}.yaml")
     for preset in PRESETS:
@@ -158,3 +162,28 @@ def test_shipped_configs_load_and_validate():
 
 def test_no_arguments_is_the_shipped_default_job():
     assert load_config().to_dict() == load_config(CONFIG_DIR / "tiny.yaml").to_dict()
+
+
+@pytest.mark.parametrize("overrides, warning", [
+    (["algo.preset=gspo", "algo.aggregation=token_mean"], "algo.ratio_level=sequence (GSPO) with algo.aggregation"),
+    (["algo.clip_high=0.3"], "algo.clip_high set: with algo.num_iterations=1 and the in-process sampler"),
+    (["algo.clip_low=0.1", "algo.clip_high=0.3"], "algo.clip_high and algo.clip_low set: "),
+    (["algo.dual_clip=3"], "algo.dual_clip=3: with algo.num_iterations=1"),
+    (["algo.sampler_correction=token_mis"], "algo.sampler_correction set: the in-process sampler's log-probs"),
+    (["rollout.top_p=0.9"], "rollout.top_p=0.9: completions are sampled from the truncated distribution"),
+    (["rollout.top_k=20"], "rollout.top_k=20: completions are sampled"),
+])
+def test_known_traps_warn_once_at_load(overrides, warning):
+    with pytest.warns(UserWarning) as caught:
+        load_config(None, overrides)
+    assert [str(w.message) for w in caught if warning in str(w.message)], [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("overrides", [[], ["algo.preset=dapo"], ["algo.preset=gspo"], ["algo.preset=cispo"],
+                                       ["algo.clip_high=0.3", "algo.num_iterations=2"],
+                                       ["algo.dual_clip=3", "algo.num_iterations=4"]])
+def test_sound_settings_do_not_warn(overrides):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(None, overrides)

@@ -213,7 +213,7 @@ def test_loss_normalizer():
 
 def test_presets_name_papers_and_map_to_valid_arguments():
     logp, old, ref, mask, adv = spec_batch()
-    assert set(PRESETS) == {"grpo", "dr_grpo", "dapo", "gspo"}
+    assert set(PRESETS) == {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"}
     for p in PRESETS.values():
         assert "arXiv" in p.paper
         loss, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, max_completion_length=4, **p.loss_kwargs())
@@ -222,6 +222,8 @@ def test_presets_name_papers_and_map_to_valid_arguments():
     assert get_preset("dapo").clip_high == 0.28 and get_preset("dapo").aggregation == "token_mean"
     assert get_preset("dr_grpo").scale == "none" and get_preset("dr_grpo").aggregation == "constant"
     assert get_preset("gspo").ratio_level == "sequence" and get_preset("gspo").clip_low == 3e-4
+    assert get_preset("cispo").surrogate == "cispo" and get_preset("cispo").clip_low == 1.0
+    assert get_preset("sapo").surrogate == "sapo" and get_preset("sapo").sapo_tau_neg == 1.05
     with pytest.raises(ValueError, match="preset='ppo' is not allowed; choose one of 'grpo'"):
         get_preset("ppo")
 
@@ -241,7 +243,7 @@ def _args():
     (dict(adv=torch.zeros(3)), r"adv has shape \(3,\)"),
     (dict(ref_logp=None, beta=0.1), "beta=0.1 > 0 needs ref_logp"),
     (dict(beta=-1.0), "beta must be >= 0"),
-    (dict(clip_low=1.0), "clip_low must be in"),
+    (dict(clip_low=1.5), "clip_low must be in"),
     (dict(normalizer=0.0), "normalizer must be > 0"),
     (dict(dual_clip=0.5), "dual_clip must be > 1"),
 ])

@@ -1,0 +1,75 @@
+"""Entropy from the chunked log-prob pass, its figures, and top-entropy masking, against SPEC 13.5's numbers."""
+import math
+
+import pytest
+import torch
+
+from grpo.algo import entropy_figures, entropy_threshold, policy_loss, token_logprobs, token_logprobs_from_hidden, \
+    top_entropy_mask
+
+from test_loss import S3, close
+
+H = torch.tensor([[[1.0, -0.5]]], dtype=torch.float64)                                     # (1, 1, 2)
+W = torch.tensor([[1.0, 0.5], [0.2, -1.0], [0.0, 0.3], [-0.8, 0.4]], dtype=torch.float64)   # (V = 4, 2)
+Y = torch.tensor([[1]])
+
+
+@pytest.mark.parametrize("temperature, entropy, logp", [(1.0, 1.212293, -0.978841), (0.7, 1.102293, -0.899806)])
+def test_spec_13_5_numeric_check_every_path(temperature, entropy, logp):
+    for chunk in (1, 1024):
+        lp, h = token_logprobs_from_hidden(H, W, Y, temperature=temperature, chunk_size=chunk, entropy=True)
+        close(lp, [[logp]]), close(h, [[entropy]])
+    logits = H @ W.T
+    for chunk in (None, 1):
+        lp, h = token_logprobs(logits, Y, temperature=temperature, chunk_size=chunk, entropy=True)
+        close(lp, [[logp]]), close(h, [[entropy]])
+
+
+def test_chunked_entropy_equals_unchunked_and_leaves_the_gradient_alone():
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 8, dtype=torch.float64)
+    targets = torch.randint(0, 11, (3, 5))
+    lp, h = token_logprobs_from_hidden(hidden, weight, targets, temperature=0.9, chunk_size=4, entropy=True)
+    p = torch.softmax(hidden.detach() @ weight.T / 0.9, dim=-1)
+    close(h, -(p * p.log()).sum(-1))
+    assert not h.requires_grad
+    plain = token_logprobs_from_hidden(hidden, weight, targets, temperature=0.9, chunk_size=4)
+    g1 = torch.autograd.grad(lp.sum(), hidden)[0]
+    g2 = torch.autograd.grad(plain.sum(), hidden)[0]
+    assert torch.equal(g1, g2)  # asking for the entropy changes nothing else
+
+
+def test_threshold_and_mask_spec_13_5():
+    ent = torch.tensor([[0.10, 2.30, 0.05, 1.20], [0.40, 0.02, 3.10, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    values = ent[mask.bool()]
+    assert entropy_threshold(values, 0.2) == pytest.approx(2.08)
+    assert entropy_threshold(values, 0.3) == pytest.approx(1.42)
+    assert entropy_threshold(values, 1.0) == pytest.approx(0.02)  # keep 1: every token
+    for keep in (0.2, 0.3):  # both keep (1,2) and (2,3) under the quantile rule
+        kept = top_entropy_mask(ent, mask, entropy_threshold(values, keep))
+        assert kept.tolist() == [[0, 1, 0, 0], [0, 0, 1, 0]]
+    # μ = 1, DAPO aggregation: the mask multiplies the policy term; the normaliser keeps all 7 tokens
+    logp = torch.zeros(2, 4, dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([S3, -S3], dtype=torch.float64)
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation="token_mean", is_weight=kept)
+    g = torch.autograd.grad(loss, logp)[0]
+    close(g, [[0, -0.123718, 0, 0], [0, 0, 0.123718, 0]])
+    close(loss, 0.0)  # the kept tokens have opposite advantages
+
+
+def test_entropy_figures_by_quarter():
+    ent = torch.tensor([[1.0, 2.0, 3.0, 4.0, 9.0], [5.0, 6.0, 0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    f = entropy_figures(ent, mask)
+    assert f["entropy"] == 21.0
+    # row 1 (length 4): one token per quarter; row 2 (length 2): positions 0 and 1 fall in quarters 1 and 3
+    assert [f[f"entropy/q{k}"] for k in range(1, 5)] == [6.0, 2.0, 9.0, 4.0]
+    assert [f[f"entropy/q{k}_tokens"] for k in range(1, 5)] == [2.0, 1.0, 2.0, 1.0]
+
+
+def test_bad_keep():
+    with pytest.raises(ValueError, match=r"keep must be in \(0, 1\]"):
+        entropy_threshold(torch.ones(3), 0.0)
+    assert math.isinf(entropy_threshold(torch.ones(0), 0.5))

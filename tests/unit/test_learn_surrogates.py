@@ -1,0 +1,107 @@
+"""algo.surrogate and algo.dual_clip reach the real update (`grpo.learn.learn`) as SPEC 13.2-13.4 predicts."""
+import copy
+
+import pytest
+import torch
+
+from grpo.collect import collect
+from grpo.config import ModelConfig, load_config
+from grpo.distributed import Dist
+from grpo.learn import Learner, learn
+from grpo.models import load_model
+from grpo.policy import LogprobModule
+from grpo.rewards import last_number
+
+from test_collect import Scripted, collector, stream
+
+EPISODES = {"p0": ["so 1", "so 22"], "p1": ["it is 3", "1"]}  # rewards 1, 0 and 0, 1
+
+
+@pytest.fixture
+def setup(random_model_dir):
+    exp = collect(collector(Scripted(EPISODES), [("last_number", last_number)]), stream(["p0", "p1"]), Dist())
+    model, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    return exp, model
+
+
+def run(model, exp, *, lr=0.1, mu=1, aggregation="seq_mean", **algo):
+    model = copy.deepcopy(model)
+    learner = Learner(LogprobModule(model), None, torch.optim.SGD(model.parameters(), lr=lr), 1.0, 8, max_rows=8,
+                      max_tokens=0, max_completion_length=8, max_grad_norm=0.0, beta=0.0, num_iterations=mu,
+                      aggregation=aggregation, **algo)
+    return learn(learner, exp, Dist()), torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_sapo_on_policy_has_grpos_gradient_and_its_own_loss_value(setup):
+    exp, model = setup
+    clip, w_clip = run(model, exp)
+    sapo, w_sapo = run(model, exp, surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    assert torch.allclose(w_clip, w_sapo, atol=1e-6)  # at r = 1 the gate's slope is 1
+    adv = exp.advantages[:, 0]
+    assert clip[0]["loss/policy"] == pytest.approx(0.0, abs=1e-6)  # seq_mean, μ = 1: 0 per group
+    predicted = -(2 / 1.0 * adv[adv > 0].sum() + 2 / 1.05 * adv[adv <= 0].sum()).item() / len(adv)
+    assert sapo[0]["loss/policy"] == pytest.approx(predicted, rel=1e-5)
+
+
+def test_cispo_on_policy_has_the_dapo_gradient_and_a_value_that_scales_with_the_logprobs(setup):
+    exp, model = setup
+    dapo, w_dapo = run(model, exp, aggregation="token_mean")
+    cispo, w_cispo = run(model, exp, aggregation="token_mean", surrogate="cispo", clip_low=1.0, clip_high=0.2)
+    assert torch.allclose(w_dapo, w_cispo, atol=1e-6)  # weight sg(clip(1)) = 1
+    with torch.no_grad():
+        logp = LogprobModule(model)(exp.prompt_ids, exp.prompt_mask, exp.completion_ids, exp.completion_mask,
+                                    temperature=1.0, chunk_size=8).double()
+    m = exp.loss_mask.double()
+    predicted = -(exp.advantages.double() * logp * m).sum() / m.sum()
+    assert cispo[0]["loss/policy"] == pytest.approx(predicted.item(), rel=1e-5)
+
+
+def test_dual_clip_binds_in_the_second_update_only(setup):
+    exp, model = setup
+    plain, w_plain = run(model, exp, lr=30.0, mu=2)
+    dual, w_dual = run(model, exp, lr=30.0, mu=2, dual_clip=1.05)
+    assert dual[0]["clip/dual_frac"] == 0  # the first update is at r = 1
+    assert dual[1]["clip/dual_frac"] > 0 and not torch.equal(w_plain, w_dual)
+    assert dual[0]["loss"] == plain[0]["loss"]
+
+
+def test_config_keys_and_presets():
+    cfg = load_config(None, ["algo.preset=sapo"])
+    assert (cfg.algo.surrogate, cfg.algo.sapo_tau_pos, cfg.algo.sapo_tau_neg) == ("sapo", 1.0, 1.05)
+    cfg = load_config(None, ["algo.preset=cispo"])
+    assert (cfg.algo.surrogate, cfg.algo.clip_low, cfg.algo.aggregation) == ("cispo", 1.0, "token_mean")
+    assert load_config(None, ["algo.dual_clip=3"]).algo.dual_clip == 3.0
+
+
+def _entropies(model, exp):
+    with torch.no_grad():  # an independent computation from the full logits
+        ids = torch.cat([exp.prompt_ids, exp.completion_ids[:, :-1]], 1)
+        attn = torch.cat([exp.prompt_mask, exp.completion_mask[:, :-1]], 1)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits[:, exp.prompt_ids.shape[1] - 1:]
+        p = torch.softmax(logits.double(), -1)
+        return -(p * p.clamp(min=1e-300).log()).sum(-1)
+
+
+def test_entropy_is_logged_from_the_training_pass(setup):
+    exp, model = setup
+    updates, _ = run(model, exp)
+    h, m = _entropies(model, exp), exp.loss_mask.bool()
+    assert updates[0]["entropy"] / updates[0]["tokens"] == pytest.approx(h[m].mean().item(), rel=1e-5)
+    assert sum(updates[0][f"entropy/q{k}_tokens"] for k in range(1, 5)) == updates[0]["tokens"]
+
+
+def test_top_entropy_masking_trains_only_the_kept_tokens(setup):
+    from grpo.experience import Experience
+
+    exp, model = setup
+    masked, w_masked = run(model, exp, top_entropy_quantile=0.3, aggregation="token_mean")
+    h, m = _entropies(model, exp), exp.loss_mask.bool()
+    keep = (h >= torch.quantile(h[m], 0.7)) & m
+    assert 0 < keep.sum() < m.sum()
+    # the same update as plain training with the advantages of the other tokens set to 0 (the normaliser unchanged)
+    zeroed = Experience(**{**exp.__dict__, "advantages": exp.advantages * keep.to(exp.advantages.dtype)})
+    _, w_zeroed = run(model, zeroed, aggregation="token_mean")
+    assert torch.allclose(w_masked, w_zeroed, atol=1e-6)
+    _, w_plain = run(model, exp, aggregation="token_mean")
+    assert not torch.allclose(w_masked, w_plain, atol=1e-6)
