@@ -1,0 +1,128 @@
+"""Which preset learns best here: held-out accuracy against steps and against seconds for each algorithm preset
+(and the AdamW β2 of TRL against ours), several seeds each, on the default job or on another built-in task.
+
+Each run is the shipped default job (`grpo train tiny`) with `algo.preset=<preset>` and `train.seed=<seed>`,
+one run at a time (never two at once: the seconds are part of the result). A variant is a preset plus
+overrides, such as `grpo+b2` (`optim.adam_beta2=0.999`, TRL's default; ours is 0.99).
+
+    python benchmarks/presets.py                                   # the default job, every variant, seeds 0-2
+    python benchmarks/presets.py --task linear --name presets_linear
+    python benchmarks/presets.py --smoke                           # 2 steps, one seed, written under --runs
+
+Writes benchmarks/results/<name>.json (every run's evaluations), <name>.md (the table) and <name>.png (mean
+held-out accuracy over the seeds against steps and against seconds, one line per variant).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+VARIANTS = {
+    "grpo": ["algo.preset=grpo"],
+    "grpo+b2": ["algo.preset=grpo", "optim.adam_beta2=0.999"],
+    "dr_grpo": ["algo.preset=dr_grpo"],
+    "dapo": ["algo.preset=dapo"],
+    "gspo": ["algo.preset=gspo"],
+    "cispo": ["algo.preset=cispo"],
+    "sapo": ["algo.preset=sapo"],
+}
+
+
+def run(variant: str, seed: int, task: str, out: Path, extra: list[str]) -> dict:
+    args = [sys.executable, "-m", "grpo", "train", "tiny", *VARIANTS[variant], f"data.task={task}",
+            f"train.seed={seed}", f"train.output_dir={out}", "train.overwrite=true", "log.trackers=[]",
+            "log.progress=false", "log.chart=false", *extra]
+    start = time.perf_counter()
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{variant} seed {seed} failed:\n{proc.stderr[-2000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    evals = [{"step": r["step"], "accuracy": r["eval/accuracy"], "pass_k": r.get("eval/pass@8"),
+              "seconds": r["perf/elapsed_seconds"]} for r in rows if r.get("eval/accuracy") is not None]
+    return {"variant": variant, "seed": seed, "evals": evals, "wall_seconds": time.perf_counter() - start,
+            "reward_last": rows[-1].get("reward/mean")}
+
+
+def table(results: list[dict], task: str, steps: int) -> str:
+    by = {}
+    for r in results:
+        by.setdefault(r["variant"], []).append(r)
+    lines = [f"Held-out greedy accuracy of the default job (`grpo train tiny`, task `{task}`, {steps} steps), "
+             f"{len(next(iter(by.values())))} seeds per variant; mean ± sd over the seeds.", "",
+             "| variant | start | half-way | end | gain | best seed end | seconds per run |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for variant, runs in by.items():
+        start = [r["evals"][0]["accuracy"] for r in runs]
+        end = [r["evals"][-1]["accuracy"] for r in runs]
+        half = [min(r["evals"], key=lambda e: abs(e["step"] - steps / 2))["accuracy"] for r in runs]
+        gain = [e - s for s, e in zip(start, end)]
+        secs = [r["evals"][-1]["seconds"] for r in runs]
+        lines.append(f"| {variant} | {_ms(start)} | {_ms(half)} | {_ms(end)} | {_ms(gain, signed=True)} | "
+                     f"{max(end):.3f} | {statistics.mean(secs):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _ms(xs: list[float], signed: bool = False) -> str:
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):+.3f} ± {sd:.3f}" if signed else f"{statistics.mean(xs):.3f} ± {sd:.3f}"
+
+
+def chart(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    by = {}
+    for r in results:
+        by.setdefault(r["variant"], []).append(r)
+    for variant, runs in by.items():
+        steps = [e["step"] for e in runs[0]["evals"]]
+        acc = [statistics.mean(r["evals"][i]["accuracy"] for r in runs) for i in range(len(steps))]
+        secs = [statistics.mean(r["evals"][i]["seconds"] for r in runs) for i in range(len(steps))]
+        axes[0].plot(steps, acc, marker="o", label=variant)
+        axes[1].plot(secs, acc, marker="o", label=variant)
+    axes[0].set(xlabel="step", ylabel="held-out accuracy (greedy), mean over seeds")
+    axes[1].set(xlabel="seconds since the run began")
+    axes[0].legend(fontsize=8)
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", default="mixed", help="data.task of the runs (default: the default job's, mixed)")
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=100, help="train.steps (default: the default job's 100)")
+    p.add_argument("--name", default="presets", help="results file name under benchmarks/results/")
+    p.add_argument("--runs", default="/tmp/grpo-bench-presets", help="where the run directories go")
+    p.add_argument("--smoke", action="store_true", help="2 steps, seed 0, evaluating on 8 examples")
+    args = p.parse_args()
+    extra = [f"train.steps={args.steps}"]
+    if args.smoke:
+        args.seeds, extra = [0], ["train.steps=2", "eval.size=8", "eval.pass_k=0", "eval.every=1"]
+    results = []
+    for variant in args.variants:
+        for seed in args.seeds:
+            r = run(variant, seed, args.task, Path(args.runs) / args.task / f"{variant}-s{seed}", extra)
+            results.append(r)
+            print(f"{variant} seed {seed}: accuracy {r['evals'][0]['accuracy']:.3f} -> {r['evals'][-1]['accuracy']:.3f} "
+                  f"in {r['wall_seconds']:.0f} s", flush=True)
+    out = Path(args.runs) if args.smoke else HERE / "results"  # a smoke run's table and chart stay out of the repo
+    (out / f"{args.name}.json").write_text(json.dumps({"task": args.task, "steps": args.steps, "runs": results},
+                                                     indent=1))
+    (out / f"{args.name}.md").write_text(table(results, args.task, args.steps))
+    chart(results, out / f"{args.name}.png")
+    print((out / f"{args.name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
