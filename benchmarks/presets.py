@@ -10,6 +10,7 @@ overrides, such as `grpo+b2` (`optim.adam_beta2=0.999`, TRL's default; ours is 0
     python benchmarks/presets.py                                   # the default job, every variant, seeds 0-2
     python benchmarks/presets.py --task linear --name presets_linear
     python benchmarks/presets.py --smoke                           # 2 steps, one seed, written under --runs
+    python benchmarks/presets.py --redraw                          # the table and chart again from the JSON
 
 Writes benchmarks/results/<name>.json (every run's evaluations), <name>.md (the table) and <name>.png (mean
 held-out accuracy over the seeds against steps and against seconds, one line per variant).
@@ -55,18 +56,32 @@ def table(results: list[dict], task: str, steps: int) -> str:
     by = {}
     for r in results:
         by.setdefault(r["variant"], []).append(r)
+    # a time budget every variant reached: the shortest mean run, rounded down to 10 s
+    budget = 10 * int(min(statistics.mean(r["evals"][-1]["seconds"] for r in runs) for runs in by.values()) // 10)
     lines = [f"Held-out greedy accuracy of the default job (`grpo train tiny`, task `{task}`, {steps} steps), "
-             f"{len(next(iter(by.values())))} seeds per variant; mean ± sd over the seeds.", "",
-             "| variant | start | half-way | end | gain | best seed end | seconds per run |", "|---|---:|---:|---:|---:|---:|---:|"]
+             f"{len(next(iter(by.values())))} seeds per variant; mean ± sd over the seeds. \"at {budget} s\": "
+             "interpolated at that many seconds since the run began (evaluations included).", "",
+             f"| variant | start | half-way | end | gain | at {budget} s | best seed end | seconds per run |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for variant, runs in by.items():
         start = [r["evals"][0]["accuracy"] for r in runs]
         end = [r["evals"][-1]["accuracy"] for r in runs]
         half = [min(r["evals"], key=lambda e: abs(e["step"] - steps / 2))["accuracy"] for r in runs]
         gain = [e - s for s, e in zip(start, end)]
+        timed = [_at(r["evals"], budget) for r in runs]
         secs = [r["evals"][-1]["seconds"] for r in runs]
         lines.append(f"| {variant} | {_ms(start)} | {_ms(half)} | {_ms(end)} | {_ms(gain, signed=True)} | "
-                     f"{max(end):.3f} | {statistics.mean(secs):.0f} |")
+                     f"{_ms(timed)} | {max(end):.3f} | {statistics.mean(secs):.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def _at(evals: list[dict], seconds: float) -> float:
+    """Accuracy at `seconds`, linearly interpolated between evaluations."""
+    for a, b in zip(evals, evals[1:]):
+        if a["seconds"] <= seconds <= b["seconds"]:
+            w = (seconds - a["seconds"]) / max(b["seconds"] - a["seconds"], 1e-9)
+            return a["accuracy"] + w * (b["accuracy"] - a["accuracy"])
+    return evals[-1]["accuracy"] if seconds > evals[-1]["seconds"] else evals[0]["accuracy"]
 
 
 def _ms(xs: list[float], signed: bool = False) -> str:
@@ -107,7 +122,13 @@ def main() -> None:
     p.add_argument("--name", default="presets", help="results file name under benchmarks/results/")
     p.add_argument("--runs", default="/tmp/grpo-bench-presets", help="where the run directories go")
     p.add_argument("--smoke", action="store_true", help="2 steps, seed 0, evaluating on 8 examples")
+    p.add_argument("--redraw", action="store_true", help="only rewrite <name>.md and <name>.png from <name>.json")
     args = p.parse_args()
+    if args.redraw:
+        saved = json.loads((HERE / "results" / f"{args.name}.json").read_text())
+        (HERE / "results" / f"{args.name}.md").write_text(table(saved["runs"], saved["task"], saved["steps"]))
+        chart(saved["runs"], HERE / "results" / f"{args.name}.png")
+        return
     extra = [f"train.steps={args.steps}"]
     if args.smoke:
         args.seeds, extra = [0], ["train.steps=2", "eval.size=8", "eval.pass_k=0", "eval.every=1"]
