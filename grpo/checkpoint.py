@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from grpo.config import flatten
 from grpo.errors import NO_ROOM, ConfigError, WriteError, os_reason, write_failure
+from grpo.rundir import replace_dir
 
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
@@ -105,11 +106,9 @@ def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rn
     final = root / f"step-{step:08d}"
     if not is_main:
         return final
-    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     try:
-        _write(tmp, final, step, weights, optim, scheduler, rng, state, config_yaml, reference)
+        _write(final, step, weights, optim, scheduler, rng, state, config_yaml, reference)
     except OSError as e:  # a full disk, a quota: nothing half-written stays, and the message says where to resume
-        shutil.rmtree(tmp, ignore_errors=True)
         raise WriteError(f"could not write the checkpoint of step {step} into {root}: {os_reason(e)}; "
                          f"{resume_hint(run_dir, e)}") from None
     _prune(root, keep_last)
@@ -125,35 +124,28 @@ def resume_hint(run_dir: Path, error: BaseException | None = None) -> str:
     return f"no checkpoint was complete yet: {fix} and run again with train.resume=auto, which starts the run over"
 
 
-def _write(tmp: Path, final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml,
-           reference=None) -> None:
-    """The checkpoint's files into `tmp`, each synced, the marker last, then renamed to `final`."""
+def _write(final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml, reference=None) -> None:
+    """The checkpoint's files, each synced, the marker last, written beside `final` and renamed into it
+    (`grpo.rundir.replace_dir`: a checkpoint of the same step, from a resumed run saving where it started, is
+    replaced only once the new one is complete; a failed write leaves nothing behind)."""
     root = final.parent
     root.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    _save_tensors(weights, tmp / "model.safetensors")
-    if reference is not None:
-        _save_tensors({k: v.detach().contiguous() for k, v in reference.items()}, tmp / REFERENCE)
-    _torch_save(optim, tmp / "optimizer.pt")
-    _torch_save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
-    (tmp / "config.yaml").write_text(config_yaml)
-    files = {}
-    for name in FILES + ((REFERENCE,) if reference is not None else ()):
-        _fsync(tmp / name)
-        files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
-    (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
-    _fsync(tmp / MARKER)
-    _fsync(tmp)
-    old = None
-    if final.exists():  # the same step written again (a resumed run saving where it started): kept until replaced
-        old = root / f".tmp-{final.name}-old-{os.getpid()}"
-        os.rename(final, old)
-    os.rename(tmp, final)
+    with replace_dir(final) as tmp:
+        _save_tensors(weights, tmp / "model.safetensors")
+        if reference is not None:
+            _save_tensors({k: v.detach().contiguous() for k, v in reference.items()}, tmp / REFERENCE)
+        _torch_save(optim, tmp / "optimizer.pt")
+        _torch_save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
+        (tmp / "config.yaml").write_text(config_yaml)
+        files = {}
+        for name in FILES + ((REFERENCE,) if reference is not None else ()):
+            _fsync(tmp / name)
+            files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+        (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
+        _fsync(tmp / MARKER)
+        _fsync(tmp)
     _fsync(root)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _save_tensors(tensors: dict, path: Path) -> None:
@@ -199,7 +191,7 @@ def _prune(root: Path, keep_last: int) -> None:
     complete = [p for p in sorted(root.glob("step-*")) if (p / MARKER).exists()]
     for old in complete[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
-    for tmp in root.glob(".tmp-step-*"):  # left by processes that died while writing
+    for tmp in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:  # left by processes that died while writing
         if not tmp.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(tmp, ignore_errors=True)
 
