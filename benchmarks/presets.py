@@ -1,14 +1,19 @@
 """Which preset learns best here: held-out accuracy against steps and against seconds for each algorithm preset
-(and the AdamW β2 of TRL against ours), several seeds each, on the default job or on another built-in task.
+(and the AdamW β2 of TRL against ours), several seeds each, on the default job, on another built-in task, or on
+another shipped job (`--job smollm2_stories`).
 
-Each run is the shipped default job (`grpo train tiny`) with `algo.preset=<preset>` and `train.seed=<seed>`,
+Each run is a shipped job (`grpo train tiny`, the default job, unless `--job`) with `algo.preset=<preset>`,
+`train.seed=<seed>` and the preset's own dynamic sampling (on in dapo only; the default job's YAML turns it on),
 one run at a time (never two at once: the seconds are part of the result). pass@k is not taken (`eval.pass_k=0`:
 greedy accuracy is the measure, and sampling 8 completions per held-out problem would dominate the seconds;
 evaluation has its own seeded generator, so this changes nothing in training). A variant is a preset plus
-overrides, such as `grpo+b2` (`optim.adam_beta2=0.999`, TRL's default; ours is 0.99).
+overrides, such as `grpo+b2` (`optim.adam_beta2=0.999`, TRL's default; ours is 0.99) or `grpo+ds` (DAPO's dynamic
+sampling alone, `algo.dynamic_sampling=true`, the rest of the grpo preset kept).
 
     python benchmarks/presets.py                                   # the default job, every variant, seeds 0-2
     python benchmarks/presets.py --task linear --name presets_linear
+    python benchmarks/presets.py --variants grpo grpo+ds --seeds 3 4 --add   # more runs into the same results
+    python benchmarks/presets.py --job smollm2_stories --variants grpo grpo+ds --seeds 0 --name presets_smollm2
     python benchmarks/presets.py --smoke                           # 2 steps, one seed, written under --runs
     python benchmarks/presets.py --redraw                          # the table and chart again from the JSON
 
@@ -29,6 +34,7 @@ HERE = Path(__file__).resolve().parent
 VARIANTS = {
     "grpo": ["algo.preset=grpo"],
     "grpo+b2": ["algo.preset=grpo", "optim.adam_beta2=0.999"],
+    "grpo+ds": ["algo.preset=grpo", "algo.dynamic_sampling=true"],
     "dr_grpo": ["algo.preset=dr_grpo"],
     "dapo": ["algo.preset=dapo"],
     "gspo": ["algo.preset=gspo"],
@@ -37,8 +43,21 @@ VARIANTS = {
 }
 
 
-def run(variant: str, seed: int, task: str, out: Path, extra: list[str]) -> dict:
-    args = [sys.executable, "-m", "grpo", "train", "tiny", *VARIANTS[variant], f"data.task={task}",
+def variant_overrides(variant: str) -> list[str]:
+    """The variant's overrides, with its preset's own `algo.dynamic_sampling` unless the variant sets it: a
+    preset runs as its paper has it, whatever the job's YAML turns on (the default job has dynamic sampling)."""
+    args = VARIANTS[variant]
+    if not any(a.startswith("algo.dynamic_sampling=") for a in args):
+        from grpo.algo.presets import PRESETS
+
+        preset = next(a.partition("=")[2] for a in args if a.startswith("algo.preset="))
+        args = [*args, f"algo.dynamic_sampling={str(PRESETS[preset].dynamic_sampling).lower()}"]
+    return args
+
+
+def run(variant: str, seed: int, job: str, task: str | None, out: Path, extra: list[str]) -> dict:
+    args = [sys.executable, "-m", "grpo", "train", job, *variant_overrides(variant),
+            *([f"data.task={task}"] if task else []),
             f"train.seed={seed}", f"train.output_dir={out}", "train.overwrite=true", "log.trackers=[]",
             "log.progress=false", "log.chart=false", "eval.pass_k=0", *extra]
     start = time.perf_counter()
@@ -52,17 +71,18 @@ def run(variant: str, seed: int, task: str, out: Path, extra: list[str]) -> dict
             "reward_last": rows[-1].get("reward/mean")}
 
 
-def table(results: list[dict], task: str, steps: int) -> str:
+def table(results: list[dict], task: str, steps: int, job: str = "tiny") -> str:
     by = {}
     for r in results:
         by.setdefault(r["variant"], []).append(r)
     # a time budget every variant reached: the shortest mean run, rounded down to 10 s
     budget = 10 * int(min(statistics.mean(r["evals"][-1]["seconds"] for r in runs) for runs in by.values()) // 10)
-    lines = [f"Held-out greedy accuracy of the default job (`grpo train tiny`, task `{task}`, {steps} steps), "
-             f"{len(next(iter(by.values())))} seeds per variant; mean ± sd over the seeds. \"at {budget} s\": "
-             "interpolated at that many seconds since the run began (evaluations included).", "",
-             f"| variant | start | half-way | end | gain | at {budget} s | best seed end | seconds per run |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    what = "the tiny-model job (`grpo train tiny`" if job == "tiny" else f"the shipped job `grpo train {job}` ("
+    lines = [f"Held-out greedy accuracy of {what}, task `{task}`, {steps} steps); "
+             f"mean ± sd over the seeds. \"at {budget} s\": interpolated at that many seconds since the run began "
+             "(evaluations included).", "",
+             f"| variant | seeds | start | half-way | end | gain | at {budget} s | best seed end | seconds per run |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for variant, runs in by.items():
         start = [r["evals"][0]["accuracy"] for r in runs]
         end = [r["evals"][-1]["accuracy"] for r in runs]
@@ -70,7 +90,7 @@ def table(results: list[dict], task: str, steps: int) -> str:
         gain = [e - s for s, e in zip(start, end)]
         timed = [_at(r["evals"], budget) for r in runs]
         secs = [r["evals"][-1]["seconds"] for r in runs]
-        lines.append(f"| {variant} | {_ms(start)} | {_ms(half)} | {_ms(end)} | {_ms(gain, signed=True)} | "
+        lines.append(f"| {variant} | {len(runs)} | {_ms(start)} | {_ms(half)} | {_ms(end)} | {_ms(gain, signed=True)} | "
                      f"{_ms(timed)} | {max(end):.3f} | {statistics.mean(secs):.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -113,36 +133,63 @@ def chart(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _job_task_steps(job: str, task: str | None, steps: int | None) -> tuple[str, int]:
+    """The task and step count the runs used: the ones given, else the shipped job's."""
+    from grpo.cli import resolve_config
+    from grpo.config import load_config
+
+    cfg = load_config(resolve_config(job))
+    return task or cfg.data.task, steps or cfg.train.steps
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", default="mixed", help="data.task of the runs (default: the default job's, mixed)")
+    p.add_argument("--job", default="tiny", help="the shipped job to run (default: tiny, the default job)")
+    p.add_argument("--task", default=None, help="data.task of the runs (default: the job's own; mixed for tiny)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=100, help="train.steps (default: the default job's 100)")
+    p.add_argument("--steps", type=int, default=None, help="train.steps (default: the job's own; 100 for tiny)")
     p.add_argument("--name", default="presets", help="results file name under benchmarks/results/")
     p.add_argument("--runs", default="/tmp/grpo-bench-presets", help="where the run directories go")
     p.add_argument("--smoke", action="store_true", help="2 steps, seed 0, evaluating on 8 examples")
+    p.add_argument("--add", action="store_true",
+                   help="merge these runs into the existing <name>.json (a variant and seed run again replaces its "
+                        "old run) instead of starting it afresh")
     p.add_argument("--redraw", action="store_true", help="only rewrite <name>.md and <name>.png from <name>.json")
     args = p.parse_args()
     if args.redraw:
         saved = json.loads((HERE / "results" / f"{args.name}.json").read_text())
-        (HERE / "results" / f"{args.name}.md").write_text(table(saved["runs"], saved["task"], saved["steps"]))
+        (HERE / "results" / f"{args.name}.md").write_text(table(saved["runs"], saved["task"], saved["steps"],
+                                                                saved.get("job", "tiny")))
         chart(saved["runs"], HERE / "results" / f"{args.name}.png")
         return
-    extra = [f"train.steps={args.steps}"]
+    extra = [f"train.steps={args.steps}"] if args.steps else []
     if args.smoke:
         args.seeds, extra = [0], ["train.steps=2", "eval.size=8", "eval.pass_k=0", "eval.every=1"]
+    task, steps = _job_task_steps(args.job, args.task, 2 if args.smoke else args.steps)
+    out = Path(args.runs) if args.smoke else HERE / "results"  # a smoke run's table and chart stay out of the repo
+    saved = None
+    if args.add and (out / f"{args.name}.json").exists():  # checked before the runs, not after them
+        saved = json.loads((out / f"{args.name}.json").read_text())
+        if (saved.get("job", "tiny"), saved["task"], saved["steps"]) != (args.job, task, steps):
+            raise SystemExit(f"{args.name}.json holds job {saved.get('job', 'tiny')}, task {saved['task']}, "
+                             f"{saved['steps']} steps, not {args.job}, {task}, {steps}: not merged")
     results = []
     for variant in args.variants:
         for seed in args.seeds:
-            r = run(variant, seed, args.task, Path(args.runs) / args.task / f"{variant}-s{seed}", extra)
+            r = run(variant, seed, args.job, args.task, Path(args.runs) / f"{args.job}-{task}" / f"{variant}-s{seed}",
+                    extra)
             results.append(r)
             print(f"{variant} seed {seed}: accuracy {r['evals'][0]['accuracy']:.3f} -> {r['evals'][-1]['accuracy']:.3f} "
                   f"in {r['wall_seconds']:.0f} s", flush=True)
-    out = Path(args.runs) if args.smoke else HERE / "results"  # a smoke run's table and chart stay out of the repo
-    (out / f"{args.name}.json").write_text(json.dumps({"task": args.task, "steps": args.steps, "runs": results},
-                                                     indent=1))
-    (out / f"{args.name}.md").write_text(table(results, args.task, args.steps))
+    if saved:
+        new = {(r["variant"], r["seed"]) for r in results}
+        results = [r for r in saved["runs"] if (r["variant"], r["seed"]) not in new] + results
+    order = list(VARIANTS)
+    results.sort(key=lambda r: (order.index(r["variant"]), r["seed"]))
+    (out / f"{args.name}.json").write_text(json.dumps({"job": args.job, "task": task, "steps": steps,
+                                                      "runs": results}, indent=1))
+    (out / f"{args.name}.md").write_text(table(results, task, steps, args.job))
     chart(results, out / f"{args.name}.png")
     print((out / f"{args.name}.md").read_text())
 

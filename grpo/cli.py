@@ -1,7 +1,8 @@
 """`grpo train|eval|sample [CONFIG] [dotted.key=value ...]`: parse, load the config, call the library;
 `grpo report RUN_DIR [RUN_DIR ...]`: compare runs (grpo/report.py).
 
-CONFIG is a YAML path or the name of a shipped config (`grpo/configs/`, e.g. `presets/dapo`). Errors in a
+CONFIG is a YAML path or the name of a shipped config (`grpo/configs/`, e.g. `presets/dapo`); without one, the
+default job (`grpo/configs/tiny.yaml`, which adds dynamic sampling to the library's defaults). Errors in a
 config, a data file or a user function print one line and exit with status 2, without a traceback.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from grpo.config import describe_options, load_config
 from grpo.errors import NO_ROOM, GRPOError, write_failure
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+DEFAULT_JOB = "tiny"  # what `grpo train` runs without a CONFIG
 
 
 def shipped_configs() -> list[str]:
@@ -34,10 +36,10 @@ def resolve_config(name: str) -> Path:
     raise GRPOError(f"config {name!r} is neither a file nor a shipped config ({', '.join(shipped_configs())})")
 
 
-def _split_args(items: list[str]) -> tuple[Path | None, list[str]]:
+def _split_args(items: list[str]) -> tuple[Path, list[str]]:
     if items and "=" not in items[0]:
         return resolve_config(items[0]), items[1:]
-    return None, items
+    return resolve_config(DEFAULT_JOB), items
 
 
 def _parser() -> argparse.ArgumentParser:

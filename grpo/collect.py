@@ -83,15 +83,18 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     kept: list[tuple[_Scored, int]] = []     # (round, group) of the informative groups, in the order drawn
     dropped: list[tuple[_Scored, int]] = []
     rounds = drawn = 0
+    totals = []                              # every drawn completion's reward, dropped groups included
     while len(kept) < c.prompts_per_step and rounds < c.max_sampling_rounds:
         whole = _everyone(_sample_round(c, stream, dist), dist, c.pad_id)  # the round's groups, every process's
         rounds, drawn = rounds + 1, drawn + len(whole.examples)
+        totals.append(whole.scores.total.double().cpu())
         for g, ok in enumerate(_informative(c, whole).tolist()):
             (kept if ok else dropped).append((whole, g))
     filled = max(0, c.prompts_per_step - len(kept))
     chosen = kept[:c.prompts_per_step] + dropped[:filled]
     stats = {"sampling/rounds": rounds, "sampling/prompts_drawn": drawn,
-             "sampling/groups_dropped": drawn - len(kept), "sampling/filled_groups": filled}
+             "sampling/groups_dropped": drawn - len(kept), "sampling/filled_groups": filled,
+             "sampling/reward_mean": _nanmean(torch.cat(totals))}
     g = c.sampling.n
     picked = _concat([_select(s, range(i * g, (i + 1) * g)) for s, i in chosen], c.pad_id)
     return _experience(c, picked, dist, everyone=True, stats=stats)
@@ -195,6 +198,12 @@ def _informative(c: Collector, s: _Scored) -> torch.Tensor:
     return ((informative_groups(s.scores.outcome, g).cpu()
              | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
             & learns.view(-1, g).any(dim=1))
+
+
+def _nanmean(x: torch.Tensor) -> float | None:
+    """The mean of the values that are not NaN (a completion no reward applied to); None if there are none."""
+    x = x[~x.isnan()]
+    return x.mean().item() if x.numel() else None
 
 
 def _select(s: _Scored, rows: range) -> _Scored:

@@ -170,7 +170,8 @@ class AlgoConfig:
                                       "the group statistics (DAPO overlong filtering).")
     dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and draw "
                                         "more prompts until the step has train.prompts_per_step informative groups "
-                                        "(on in the dapo preset).")
+                                        "(on in the dapo preset and in the default job, grpo/configs/tiny.yaml; "
+                                        "docs/benchmarks.md).")
     max_sampling_rounds: int = opt(4, "With dynamic_sampling: rounds of train.prompts_per_step prompts at most per "
                                       "step; then the step is filled up with dropped groups and logs so.", ge=1)
     sampler_correction: Literal["token_tis", "token_mis", "seq_tis", "seq_mis", "none"] = opt(

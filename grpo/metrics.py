@@ -175,16 +175,21 @@ def _finite_or_none(v):
 
 
 def draw_chart(history: list[dict], path: Path) -> None:
-    """Mean training reward per step, and held-out greedy accuracy (and pass@k) at each evaluation."""
+    """Mean training reward per step (with dynamic sampling also that of every completion drawn, dropped groups
+    included), and held-out greedy accuracy (and pass@k) at each evaluation."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     rewarded = [r for r in history if r.get("reward/mean") is not None]  # null: a step no reward applied to
+    drawn = [r for r in history if r.get("sampling/reward_mean") is not None]  # with dynamic sampling
     if rewarded:
         ax.plot([r["step"] for r in rewarded], [r["reward/mean"] for r in rewarded], lw=1, alpha=0.6,
-                label="training reward (mean)")
+                label="training reward (groups trained on)" if drawn else "training reward (mean)")
+    if drawn:
+        ax.plot([r["step"] for r in drawn], [r["sampling/reward_mean"] for r in drawn], lw=1, alpha=0.6,
+                label="reward of every completion drawn")
     evals = [r for r in history if "eval/accuracy" in r]
     if evals:
         ax.plot([r["step"] for r in evals], [r["eval/accuracy"] for r in evals], "o-", lw=2,

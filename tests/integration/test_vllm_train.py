@@ -34,7 +34,8 @@ def _same(a: list[dict], b: list[dict]) -> None:
 
 
 def test_default_job_with_vllm_learns(tmp_path):
-    # the default job shortened (25 steps, 400 held-out examples); the full job's figures are in docs/vllm.md
+    # the default job shortened (25 steps, 400 held-out examples); docs/vllm.md has the full job with the grpo
+    # preset alone
     result = train(load_config("grpo/configs/tiny.yaml", [f"train.output_dir={tmp_path}", "train.steps=25",
                                                           "eval.size=400", "eval.every=0", "eval.pass_k=0", *QUIET]))
     before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]

@@ -188,8 +188,9 @@ def test_dynamic_sampling_replaces_a_zero_variance_group():
     exp = collect(c, s, Dist())
     assert [e.prompt for e in exp.examples] == [order[1], order[2]]  # the next prompt drawn takes its place
     assert env.calls == [order[:2], order[2:4]]
+    # the reward of every completion drawn, the dropped group's [1, 1] included: (2 + 1 + 1 + 1) / 8
     assert exp.stats == {"sampling/rounds": 2, "sampling/prompts_drawn": 4, "sampling/groups_dropped": 1,
-                         "sampling/filled_groups": 0}
+                         "sampling/filled_groups": 0, "sampling/reward_mean": 0.625}
     assert exp.rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and exp.all_rewards.tolist() == exp.rewards.tolist()
     assert (exp.advantages[:, 0].abs() > 0.7).all()
     assert s.drawn == 4  # the surplus group of the last round is dropped, its prompt stays drawn

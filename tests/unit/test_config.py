@@ -161,7 +161,15 @@ def test_shipped_configs_load_and_validate():
 
 
 def test_no_arguments_is_the_shipped_default_job():
-    assert load_config().to_dict() == load_config(CONFIG_DIR / "tiny.yaml").to_dict()
+    # `grpo train` with no CONFIG runs tiny.yaml; the library's defaults are the same job with the grpo preset
+    # alone, without the dynamic sampling the default job adds (SPEC 13.8: off in the grpo preset)
+    from grpo.cli import _split_args
+
+    assert _split_args(["train.steps=3"]) == (CONFIG_DIR / "tiny.yaml", ["train.steps=3"])
+    job, library = load_config(CONFIG_DIR / "tiny.yaml").to_dict(), load_config().to_dict()
+    assert job["algo"].pop("dynamic_sampling") is True and library["algo"].pop("dynamic_sampling") is False
+    assert job == library
+    assert load_config(CONFIG_DIR / "presets" / "grpo.yaml").algo.dynamic_sampling is False
 
 
 @pytest.mark.parametrize("overrides, warning", [
