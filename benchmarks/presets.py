@@ -77,7 +77,7 @@ def table(results: list[dict], task: str, steps: int, job: str = "tiny") -> str:
         by.setdefault(r["variant"], []).append(r)
     # a time budget every variant reached: the shortest mean run, rounded down to 10 s
     budget = 10 * int(min(statistics.mean(r["evals"][-1]["seconds"] for r in runs) for runs in by.values()) // 10)
-    what = "the tiny-model job (`grpo train tiny`" if job == "tiny" else f"the shipped job `grpo train {job}` ("
+    what = "the tiny-model job (`grpo train tiny`" if job == "tiny" else f"the shipped job (`grpo train {job}`"
     lines = [f"Held-out greedy accuracy of {what}, task `{task}`, {steps} steps); "
              f"mean ± sd over the seeds. \"at {budget} s\": interpolated at that many seconds since the run began "
              "(evaluations included).", "",

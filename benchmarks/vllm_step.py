@@ -28,7 +28,8 @@ BACKENDS = {"hf": ["rollout.backend=hf"], "hf transformers": ["rollout.backend=h
 
 
 def job(model_dir: Path, out: Path, backend: str, args) -> list[str]:
-    return [sys.executable, "-m", "grpo", "train", f"model.path={model_dir}", "data.task=arithmetic",
+    # the grpo preset alone: the default job's dynamic sampling would redraw every all-zero group of a random model
+    return [sys.executable, "-m", "grpo", "train", "presets/grpo", f"model.path={model_dir}", "data.task=arithmetic",
             f"train.steps={args.steps}", f"train.prompts_per_step={args.prompts}",
             f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.length}",
             f"rollout.min_new_tokens={args.length}", *BACKENDS[backend], "vllm.kv_cache_gib=2",

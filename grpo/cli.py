@@ -19,7 +19,7 @@ from grpo.config import describe_options, load_config
 from grpo.errors import NO_ROOM, GRPOError, write_failure
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
-DEFAULT_JOB = "tiny"  # what `grpo train` runs without a CONFIG
+DEFAULT_JOB = CONFIG_DIR / "tiny.yaml"  # what `grpo train` runs without a CONFIG
 
 
 def shipped_configs() -> list[str]:
@@ -39,7 +39,7 @@ def resolve_config(name: str) -> Path:
 def _split_args(items: list[str]) -> tuple[Path, list[str]]:
     if items and "=" not in items[0]:
         return resolve_config(items[0]), items[1:]
-    return resolve_config(DEFAULT_JOB), items
+    return DEFAULT_JOB, items
 
 
 def _parser() -> argparse.ArgumentParser:

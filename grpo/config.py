@@ -347,6 +347,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     raw: dict = {}
     if path is not None:
         raw = read_yaml(path)
+    in_file = dict(raw.get("algo") or {}) if isinstance(raw.get("algo"), dict) else {}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -356,7 +357,32 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         except yaml.YAMLError as e:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_first_line(e)})") from None
         _set_dotted(raw, key.strip(), value)
-    return from_dict(raw)
+    cfg = from_dict(raw)
+    message = _preset_under_file_keys(path, in_file, cfg.algo.preset, overrides)
+    if message:
+        warnings.warn(message, stacklevel=2)
+    return cfg
+
+
+def _preset_under_file_keys(path, in_file: dict, preset: str, overrides: typing.Sequence[str]) -> str | None:
+    """A preset chosen by an override, under a file that sets some of the preset's own fields otherwise: the
+    file's keys win (as any key set explicitly does), so the run is not the preset alone; say so, once."""
+    if not any(item.partition("=")[0].strip() == "algo.preset" for item in overrides):
+        return None
+    given = {item.partition("=")[0].strip() for item in overrides}
+    own = asdict(PRESETS[preset])
+    differ = sorted(k for k, v in in_file.items()
+                    if k != "preset" and k in own and f"algo.{k}" not in given and v != own[k])
+    if not differ:
+        return None
+    keys = ", ".join(f"algo.{k}={_yaml_value(in_file[k])}" for k in differ)
+    fix = " ".join(f"algo.{k}={_yaml_value(own[k])}" for k in differ)
+    return (f"algo.preset={preset} is given, but {Path(path).name} sets {keys}, which wins over the preset's "
+            f"{', '.join(_yaml_value(own[k]) for k in differ)}; add {fix} for the preset as its paper has it")
+
+
+def _yaml_value(v) -> str:
+    return str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def read_yaml(path: str | Path) -> dict:

@@ -40,7 +40,7 @@ def test_default_job_with_vllm_learns(tmp_path):
                                                           "eval.size=400", "eval.every=0", "eval.pass_k=0", *QUIET]))
     before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
     rows = _rows(tmp_path)
-    assert sum(r["reward/mean"] for r in rows[-10:]) > sum(r["reward/mean"] for r in rows[1:11])
+    assert sum(r["sampling/reward_mean"] for r in rows[-10:]) > sum(r["sampling/reward_mean"] for r in rows[1:11])
     assert after >= before + 0.10, (before, after)
     # the sampler's log-probs came with every step and agree with the trainer's to float32 rounding
     assert all(0 <= r["mismatch/abs_diff_max"] < 1e-3 and r["mismatch/capped"] == 0 for r in rows[1:])

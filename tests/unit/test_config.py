@@ -195,3 +195,19 @@ def test_sound_settings_do_not_warn(overrides):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_config(None, overrides)
+
+
+def test_a_preset_given_over_a_file_that_sets_its_fields_says_which_keys_win():
+    import warnings
+
+    with pytest.warns(UserWarning) as caught:
+        cfg = load_config(CONFIG_DIR / "tiny.yaml", ["algo.preset=gspo"])
+    assert cfg.algo.dynamic_sampling is True and cfg.algo.ratio_level == "sequence"  # the file's key wins
+    assert [str(w.message) for w in caught] == [
+        "algo.preset=gspo is given, but tiny.yaml sets algo.dynamic_sampling=true, which wins over the preset's "
+        "false; add algo.dynamic_sampling=false for the preset as its paper has it"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_config(CONFIG_DIR / "tiny.yaml", ["algo.preset=dapo"])                 # the same value: nothing to say
+        load_config(CONFIG_DIR / "tiny.yaml", ["algo.preset=gspo", "algo.dynamic_sampling=false"])
+        load_config(CONFIG_DIR / "presets" / "grpo.yaml", ["algo.preset=gspo"])    # the file sets no preset field
