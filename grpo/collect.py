@@ -94,7 +94,7 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     chosen = kept[:c.prompts_per_step] + dropped[:filled]
     stats = {"sampling/rounds": rounds, "sampling/prompts_drawn": drawn,
              "sampling/groups_dropped": drawn - len(kept), "sampling/filled_groups": filled,
-             "sampling/reward_mean": _nanmean(torch.cat(totals))}
+             "sampling/reward_mean": torch.cat(totals).nanmean().item()}  # NaN (logged null) if none applied
     g = c.sampling.n
     picked = _concat([_select(s, range(i * g, (i + 1) * g)) for s, i in chosen], c.pad_id)
     return _experience(c, picked, dist, everyone=True, stats=stats)
@@ -198,12 +198,6 @@ def _informative(c: Collector, s: _Scored) -> torch.Tensor:
     return ((informative_groups(s.scores.outcome, g).cpu()
              | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
             & learns.view(-1, g).any(dim=1))
-
-
-def _nanmean(x: torch.Tensor) -> float | None:
-    """The mean of the values that are not NaN (a completion no reward applied to); None if there are none."""
-    x = x[~x.isnan()]
-    return x.mean().item() if x.numel() else None
 
 
 def _select(s: _Scored, rows: range) -> _Scored:

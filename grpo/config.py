@@ -348,8 +348,10 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     if path is not None:
         raw = read_yaml(path)
     in_file = dict(raw.get("algo") or {}) if isinstance(raw.get("algo"), dict) else {}
+    given = set()  # the dotted keys the overrides set
     for item in overrides:
         key, sep, text = item.partition("=")
+        given.add(key.strip())
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not of the form dotted.key=value")
         try:
@@ -358,18 +360,18 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_first_line(e)})") from None
         _set_dotted(raw, key.strip(), value)
     cfg = from_dict(raw)
-    message = _preset_under_file_keys(path, in_file, cfg.algo.preset, overrides)
+    message = _preset_under_file_keys(path, in_file, cfg.algo.preset, given)
     if message:
         warnings.warn(message, stacklevel=2)
     return cfg
 
 
-def _preset_under_file_keys(path, in_file: dict, preset: str, overrides: typing.Sequence[str]) -> str | None:
-    """A preset chosen by an override, under a file that sets some of the preset's own fields otherwise: the
-    file's keys win (as any key set explicitly does), so the run is not the preset alone; say so, once."""
-    if not any(item.partition("=")[0].strip() == "algo.preset" for item in overrides):
+def _preset_under_file_keys(path, in_file: dict, preset: str, given: set[str]) -> str | None:
+    """A preset chosen by an override (`given`: the keys the overrides set), under a file that sets some of the
+    preset's own fields otherwise: the file's keys win (as any key set explicitly does), so the run is not the
+    preset alone; say so, once."""
+    if "algo.preset" not in given:
         return None
-    given = {item.partition("=")[0].strip() for item in overrides}
     own = asdict(PRESETS[preset])
     differ = sorted(k for k, v in in_file.items()
                     if k != "preset" and k in own and f"algo.{k}" not in given and v != own[k])
