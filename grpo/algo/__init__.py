@@ -8,9 +8,9 @@ from grpo.algo.correction import CORRECTIONS, sampler_weights
 from grpo.algo.entropy import entropy_figures, entropy_threshold, top_entropy_mask
 from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
 from grpo.algo.loss import kl_penalty, loss_normalizer, policy_loss
-from grpo.algo.presets import PRESETS, Preset, get_preset
+from grpo.algo.presets import PRESETS, Preset, get_preset, preset_values
 
 __all__ = ["CORRECTIONS", "PRESETS", "Preset", "compute_advantages", "entropy_figures", "entropy_threshold",
-           "get_preset", "group_advantages", "informative_groups", "top_entropy_mask",
+           "get_preset", "preset_values", "group_advantages", "informative_groups", "top_entropy_mask",
            "kl_penalty", "loss_normalizer", "policy_loss",
            "process_advantages", "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden"]

@@ -78,6 +78,13 @@ PRESETS: dict[str, Preset] = {
 }
 
 
+def preset_values(name: str) -> dict:
+    """The `algo.*` option values a preset sets, by option name (what the config fills in before the keys a user
+    sets explicitly)."""
+    p = get_preset(name)
+    return {k: v for k, v in asdict(p).items() if k not in ("name", "paper", "note")}
+
+
 def get_preset(name: str) -> Preset:
     check_choice("preset", name, PRESETS)
     return PRESETS[name]
