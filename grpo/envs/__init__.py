@@ -17,7 +17,7 @@ def _tools(model, tokenizer, cfg, all_finished) -> Environment:
     from grpo.envs.tools import ToolEnvironment
     from grpo.rollout.base import stop_tokens
     from grpo.sandbox import Limits
-    from grpo.tools import load_tools
+    from grpo.envs.tool_calls import load_tools
 
     t = cfg.tools
     tools = load_tools(t.names, timeout_s=t.timeout_s, max_chars=t.result_chars,
