@@ -38,7 +38,7 @@ from grpo.metrics import RunLogger, sample_rows, step_metrics
 from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
-from grpo.reference import ReferenceSync, reference_weights
+from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
 from grpo.rundir import claim, clear, discard_unstarted
 from grpo.rollout import build_generator, rollout_sampling
