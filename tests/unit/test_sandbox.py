@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from grpo.sandbox import parent
+from grpo.sandbox import child, parent
 from grpo.sandbox import Execution, Limits, isolation, python_tool_result, run_python
 
 FAST = Limits(timeout_s=2.0, cpu_s=2)
@@ -339,7 +339,7 @@ def test_ctypes_and_escape_hatches_are_refused(layer):
 
 def test_guard_uses_no_global_name():
     """The hook must not look anything up at call time: code could patch builtins or modules."""
-    audit = parent._make_guard("/tmp/x", ("/usr/lib/python3",), (), 2, 1)
+    audit = child._make_guard("/tmp/x", ("/usr/lib/python3",), (), 2, 1)
     functions = [audit] + [d for d in audit.__defaults__ if isinstance(d, types.FunctionType)]
     assert len(functions) == 5  # audit, refuse, resolve, inside, file_type
     for fn in functions:
