@@ -34,13 +34,14 @@ from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, p
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
-from grpo.metrics import RunLogger, sample_rows, step_metrics
+from grpo.metrics import sample_rows, step_metrics
 from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
 from grpo.rundir import claim, clear, discard_unstarted
+from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
