@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.checkpoint import (config_changes, find_checkpoint, full_model_state, load_checkpoint, may_change,
-                             resume_hint, rng_states, save_checkpoint)
+from grpo.checkpoint import (config_changes, find_checkpoint, load_checkpoint, may_change, resume_hint, rng_states,
+                             save_checkpoint)
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
@@ -39,6 +39,7 @@ from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
+from grpo.policy.weights import full_model_state
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
 from grpo.rundir import claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
