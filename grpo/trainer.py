@@ -24,13 +24,14 @@ from pathlib import Path
 import torch
 import yaml
 
+from grpo.budgets import max_episode_tokens, prompt_limit
 from grpo.checkpoint import (config_changes, find_checkpoint, load_checkpoint, may_change, resume_hint, rng_states,
                              save_checkpoint)
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
-from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, prompt_limit
+from grpo.envs import build_environment, prompt_formatter
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
