@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from grpo.config import flatten
 from grpo.errors import NO_ROOM, ConfigError, WriteError, os_reason, write_failure
+from grpo.policy.weights import FULL, full_model_state, tied_names
 from grpo.rundir import replace_dir
 
 MARKER = "COMPLETE"
@@ -72,27 +73,6 @@ def _tuples(x):
 
 # ---------------------------------------------------------------------------------------------------------
 # writing
-
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-
-
-def full_model_state(model) -> dict[str, torch.Tensor]:
-    """The whole, unsharded state dict on the CPU (a collective under FSDP: every process must call it), with
-    tied weights stored once."""
-    sd = get_model_state_dict(model, options=FULL)
-    tied = tied_names(model)
-    return {k: v.contiguous() for k, v in sd.items() if k not in tied}
-
-
-def tied_names(model) -> set[str]:
-    """Names of parameters that are the same object as an earlier one (tied embeddings, say)."""
-    first, tied = {}, set()
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in first:
-            tied.add(name)
-        first.setdefault(id(p), name)
-    return tied
-
 
 def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rng: dict, state: dict,
                     config_yaml: str, keep_last: int, is_main: bool = True,

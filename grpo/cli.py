@@ -121,7 +121,7 @@ def _quiet_transformers() -> None:
 def _train(cfg, args) -> int:
     _quiet_transformers()
     from grpo.distributed import init_from_env, shutdown
-    from grpo.metrics import summary_lines
+    from grpo.runlog import summary_lines
     from grpo.trainer import train
 
     dist = init_from_env()  # one process, or the group torchrun describes

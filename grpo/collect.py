@@ -31,7 +31,7 @@ from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.envs import Environment
 from grpo.envs.base import episode_fields
-from grpo.evaluation import example_fields
+from grpo.rewards import example_fields
 from grpo.experience import Experience, trained_tokens
 from grpo.rewards import Scores, score
 from grpo.rollout import TRAIN, Generator, Rollout, Sampling, sampling_seed

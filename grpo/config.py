@@ -262,7 +262,8 @@ class ToolsConfig:
     names: list[str] = opt(["calculator"], "With rollout.environment=tools: the tools the model may call, built-in "
                                            "(calculator, python) or 'module:function' (a typed function with a "
                                            "docstring that returns a string).")
-    parser: str = opt("qwen", "How calls are read from a model turn, a name in grpo.tools.TOOL_PARSERS: 'qwen' "
+    parser: str = opt("qwen", "How calls are read from a model turn, a name in "
+                              "grpo.envs.tool_calls.TOOL_PARSERS: 'qwen' "
                               "(<tool_call>{json}</tool_call>, Qwen2.5/Qwen3) or 'pythonic' ([name(arg=value)], "
                               "Llama 3.2 and the bundled tiny-tools model).")
     max_turns: int = opt(4, "Most model turns in an episode; a last turn that still calls a tool ends it "
@@ -482,7 +483,7 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
                           f"{', '.join(map(repr, ENVIRONMENTS))}")
     if cfg.rollout.environment == "tools":
-        from grpo.tools import TOOL_PARSERS, load_tools
+        from grpo.envs.tool_calls import TOOL_PARSERS, load_tools
         if not cfg.model.chat_template:
             raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
                               "model.chat_template=true")

@@ -11,23 +11,12 @@ import torch
 from grpo.distributed import Dist
 from grpo.envs.base import episode_fields
 from grpo.errors import DataError
-from grpo.rewards import RewardFn, reward_name
+from grpo.rewards import RewardFn, example_fields, reward_name
 from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
 
 if TYPE_CHECKING:
     from grpo.envs.base import Environment
-
-
-def example_fields(examples: Sequence[Example], repeat: int = 1) -> dict[str, list]:
-    """Reward keyword arguments: `answer` and every extra field, one value per completion."""
-    keys = ["answer"] + sorted({k for e in examples for k in e.fields})
-    out: dict[str, list] = {k: [] for k in keys}
-    for e in examples:
-        for k in keys:
-            value = e.answer if k == "answer" else e.fields.get(k)
-            out[k].extend([value] * repeat)
-    return out
 
 
 def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int,

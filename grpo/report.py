@@ -17,7 +17,7 @@ import yaml
 
 from grpo.config import flatten
 from grpo.errors import GRPOError
-from grpo.metrics import duration, elapsed, summarize
+from grpo.runlog import duration, elapsed, summarize
 
 # (title, metric keys, y-axis limits or None); "eval/pass@*" stands for every pass@k the runs logged
 PANELS = [

@@ -24,23 +24,26 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.checkpoint import (config_changes, find_checkpoint, full_model_state, load_checkpoint, may_change,
-                             resume_hint, rng_states, save_checkpoint)
+from grpo.budgets import max_episode_tokens, prompt_limit
+from grpo.checkpoint import (config_changes, find_checkpoint, load_checkpoint, may_change, resume_hint, rng_states,
+                             save_checkpoint)
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
-from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, prompt_limit
+from grpo.envs import build_environment, prompt_formatter
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
 from grpo.learn import Learner, learn
-from grpo.metrics import RunLogger, sample_rows, step_metrics
+from grpo.metrics import sample_rows, step_metrics
 from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
-from grpo.reference import ReferenceSync, reference_weights
+from grpo.policy.reference_sync import ReferenceSync, reference_weights
+from grpo.policy.weights import full_model_state
 from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
 from grpo.rundir import claim, clear, discard_unstarted
+from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop

@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from build_tiny_model import warm_start  # noqa: E402  (this directory is on sys.path)
+from grpo.envs.tool_calls import calculator, load_tools  # noqa: E402
 from grpo.envs.tools import ToolEnvironment  # noqa: E402
 from grpo.evaluation import evaluate  # noqa: E402
 from grpo.rewards import final_number  # noqa: E402
 from grpo.rollout import HFGenerator, Sampling  # noqa: E402
 from grpo.tasks import load_builtin_task  # noqa: E402
 from grpo.tiny import TINY_TOOLS_DIR, build_tool_tokenizer, tiny_model_config  # noqa: E402
-from grpo.tools import calculator, load_tools  # noqa: E402
 
 
 def episode(tok, schemas, example, use_tool: bool) -> tuple[list[int], list[int]]:

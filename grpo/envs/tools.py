@@ -41,7 +41,7 @@ from grpo.errors import DataError
 from grpo.rollout import Generator, Rollout, Sampling
 from grpo.rollout.base import prompt_seeds
 from grpo.tasks.base import Example
-from grpo.tools import TOOL_PARSERS, Tool, ToolCall, call_tools
+from grpo.envs.tool_calls import TOOL_PARSERS, Tool, ToolCall, call_tools
 
 PLACEHOLDER = "grpo-assistant-turn-7c1f"  # stands for a model turn when the template renders what follows it
 
@@ -78,9 +78,9 @@ class ToolEnvironment:
     def __init__(self, tokenizer, tools: dict[str, Tool], parser: str, *, pad_id: int,
                  context: int, max_turns: int = 4, max_tokens: int = 0, system_prompt: str = "",
                  all_finished: Callable[[bool], bool] | None = None):
-        """`tools`: name -> `grpo.tools.Tool`; `parser`: a name in `grpo.tools.TOOL_PARSERS`; `context`: the most
-        positions the model takes (prompt and episode); `max_tokens`: the most episode tokens after the prompt
-        (0: the context alone limits them). `all_finished(done)`: with several processes, True only when every
+        """`tools`: name -> `grpo.envs.tool_calls.Tool`; `parser`: a name in `grpo.envs.tool_calls.TOOL_PARSERS`;
+        `context`: the most positions the model takes (prompt and episode); `max_tokens`: the most episode tokens
+        after the prompt (0: the context alone limits them). `all_finished(done)`: with several processes, True only when every
         process's episodes are done, so that all of them sample the same number of turns (the generator's
         decoding steps may be collective)."""
         self.tokenizer = tokenizer

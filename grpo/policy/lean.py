@@ -4,7 +4,8 @@ For a small model on a CPU, much of a forward pass is overhead: transformers bui
 an attention interface, keeps a cache object and runs output-capturing hooks on every call. This module holds
 what grpo runs instead for the architectures whose layers are exactly "x += attn(norm(x)); x += mlp(norm(x))"
 with rotary embeddings (Llama, Qwen2 and Mistral, full attention): `supported()`, the layer pieces that the lean
-decoding steps (`grpo.rollout.lean`) share, and `completion_hidden()`, the training and reference forward pass.
+decoding steps (`grpo.rollout.lean_decoding`) share, and `completion_hidden()`, the training and reference
+forward pass.
 Both use the model's own weights, rotary embedding, norms, activation and attention kernel (SDPA, or the eager
 matmul-softmax-matmul, per its `attn_implementation`), in transformers' order of operations; the tests compare
 their outputs and gradients with transformers' forward. Any other model (other architectures, LoRA layers,

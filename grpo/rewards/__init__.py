@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.errors import ConfigError, DataError, import_callable
+from grpo.rewards.fields import example_fields
 
 RewardFn = Callable[..., list]
 

@@ -18,7 +18,7 @@ import torch
 from grpo.policy.context import inference
 from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompts, prompt_limits, prompt_seeds,
                                stop_tokens)
-from grpo.rollout.lean import LeanDecoding
+from grpo.rollout.lean_decoding import LeanDecoding
 
 
 def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor | None) -> torch.Tensor:
@@ -52,8 +52,8 @@ class HFGenerator:
     def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256,
                  all_finished: Callable[[bool], bool] | None = None, add_special_tokens: bool = True,
                  autocast_bf16: bool = False, lean: bool = True):
-        """`lean`: decode with `grpo.rollout.lean` where the architecture allows (same logits, less overhead per
-        step); otherwise, and always when False, with the model's own forward.
+        """`lean`: decode with `grpo.rollout.lean_decoding` where the architecture allows (same logits, less
+        overhead per step); otherwise, and always when False, with the model's own forward.
         `all_finished(done)`: with several processes whose forward passes are collective (FSDP), True only
         when every process's batch is done, so all of them run the same number of decoding steps.
         `add_special_tokens=False` for prompts already rendered by a chat template (which adds BOS itself)."""

@@ -53,11 +53,11 @@ elif phase == "update":  # between the μ = 2 optimiser steps of a batch
 elif phase == "evaluation":
     inject(trainer, "evaluate")
 elif phase == "logging":  # half a line of samples.jsonl or metrics.jsonl
-    import grpo.metrics as metrics
+    import grpo.runlog as runlog
     def half(f, text):
         f.write(text[: len(text) // 2])
         f.flush()
-    inject(metrics, "_append", half_write=half)
+    inject(runlog, "_append", half_write=half)
 elif phase == "checkpoint":  # model.safetensors written, optimizer.pt half-way
     import grpo.checkpoint as checkpoint
     inject(checkpoint, "_torch_save", half_write=lambda obj, path: Path(path).write_bytes(b"PK\x03\x04 torn"))

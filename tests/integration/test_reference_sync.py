@@ -33,7 +33,7 @@ def test_lora_reset_leaves_the_policy_unchanged(random_model_dir):
     from grpo.config import LoraConfig, ModelConfig
     from grpo.models import load_model
     from grpo.policy import LogprobModule
-    from grpo.reference import ReferenceSync
+    from grpo.policy.reference_sync import ReferenceSync
 
     model, _ = load_model(ModelConfig(path=str(random_model_dir)), LoraConfig(rank=4))
     torch.manual_seed(3)

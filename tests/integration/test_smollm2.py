@@ -82,7 +82,7 @@ def test_cli_eval(cache):
 
 def test_lora_with_bf16_autocast_trains_and_decodes_from_merged_weights(cache, tmp_path):
     from grpo.rollout import HFGenerator, Sampling
-    from grpo.rollout.lean import merged_lora
+    from grpo.rollout.lean_decoding import merged_lora
 
     out = tmp_path / "lora"
     result = train(load_config(None, [*SMALL, "data.task=stories", "lora.rank=8", "train.lr=1e-3",

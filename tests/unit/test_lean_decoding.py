@@ -1,4 +1,4 @@
-"""Lean decoding steps (grpo.rollout.lean) give transformers' logits, and fall back wherever they cannot."""
+"""Lean decoding steps (grpo.rollout.lean_decoding) give transformers' logits, and fall back wherever they cannot."""
 import copy
 
 import pytest
@@ -8,7 +8,7 @@ import transformers
 from grpo.errors import DataError
 from grpo.rollout import HFGenerator, Sampling
 from grpo.policy.lean import supported
-from grpo.rollout.lean import LeanDecoding
+from grpo.rollout.lean_decoding import LeanDecoding
 from grpo.tiny import build_char_tokenizer
 
 PROMPTS = ["Calculate 1 + 2 * 3 =", "Solve y = 2x + 1 for x = 2, y =", "Hi"]  # padded on the left
@@ -115,7 +115,7 @@ def _lora(model, **extra):
 
 @pytest.mark.parametrize("bf16", [False, True])
 def test_lora_models_decode_from_merged_weights(bf16):
-    from grpo.rollout.lean import merged_lora
+    from grpo.rollout.lean_decoding import merged_lora
     model, tok = build("llama", attention_bias=True)
     lora = _lora(model)
     before = {k: v.clone() for k, v in lora.state_dict().items()}
@@ -143,7 +143,7 @@ def test_lora_models_decode_from_merged_weights(bf16):
 
 
 def test_lora_variants_the_merge_does_not_cover_decode_with_transformers():
-    from grpo.rollout.lean import merged_lora
+    from grpo.rollout.lean_decoding import merged_lora
     model, tok = build("llama")
     assert merged_lora(model) is None  # not a peft model
     dora = _lora(model, use_dora=True)

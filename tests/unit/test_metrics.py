@@ -4,7 +4,7 @@ import json
 import pytest
 
 from grpo.config import LogConfig
-from grpo.metrics import RunLogger
+from grpo.runlog import RunLogger
 
 
 def events(path):

@@ -8,7 +8,7 @@ import yaml
 
 from grpo.cli import main
 from grpo.errors import GRPOError
-from grpo.metrics import summarize, summary_lines
+from grpo.runlog import summarize, summary_lines
 from grpo.report import differing_keys, figure, load_run, load_runs, write_report, _moving_mean
 
 

@@ -15,7 +15,7 @@ import types
 
 import pytest
 
-from grpo import sandbox
+from grpo.sandbox import child, parent
 from grpo.sandbox import Execution, Limits, isolation, python_tool_result, run_python
 
 FAST = Limits(timeout_s=2.0, cpu_s=2)
@@ -26,7 +26,7 @@ LAYERS = [pytest.param("none", id="rlimits+guard"), pytest.param("namespaces", i
 def _skip_unless_available(layer: str) -> None:
     if layer == "bwrap" and shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) is not installed")
-    if layer == "namespaces" and not sandbox._available("namespaces"):
+    if layer == "namespaces" and not parent._available("namespaces"):
         pytest.skip("unprivileged user namespaces are not available on this machine")
 
 
@@ -37,7 +37,7 @@ def layer(request) -> str:
 
 
 def run(code: str, layer: str, *, stdin: str = "", limits: Limits = FAST, guard: bool = True) -> Execution:
-    return sandbox._run(code, stdin, limits, layer, guard=guard)
+    return parent._run(code, stdin, limits, layer, guard=guard)
 
 
 def descendants(pid: int) -> set[int]:
@@ -219,7 +219,7 @@ def test_huge_output_is_truncated_and_killed(layer):
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = run("while True: print('x' * 10000)", layer, limits=Limits(output_chars=100))
     assert (result.status, result.detail) == ("output", f"output limit exceeded: stopped after "
-                                                        f"{sandbox._OUTPUT_KILL_BYTES} bytes")
+                                                        f"{parent._OUTPUT_KILL_BYTES} bytes")
     assert result.stdout == "x" * 100 + "…[truncated]"
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak < 64 * 1024  # KiB: no blow-up here
     result = run("import sys\nsys.stdout.write('x' * 10**8)", layer)
@@ -339,7 +339,7 @@ def test_ctypes_and_escape_hatches_are_refused(layer):
 
 def test_guard_uses_no_global_name():
     """The hook must not look anything up at call time: code could patch builtins or modules."""
-    audit = sandbox._make_guard("/tmp/x", ("/usr/lib/python3",), (), 2, 1)
+    audit = child._make_guard("/tmp/x", ("/usr/lib/python3",), (), 2, 1)
     functions = [audit] + [d for d in audit.__defaults__ if isinstance(d, types.FunctionType)]
     assert len(functions) == 5  # audit, refuse, resolve, inside, file_type
     for fn in functions:
@@ -376,7 +376,7 @@ print(json.dumps(out))
 @pytest.mark.parametrize("kernel_layer", [pytest.param("namespaces"), pytest.param("bwrap")])
 def test_kernel_layer_contains_code_without_the_guard(kernel_layer, tmp_path, server):
     _skip_unless_available(kernel_layer)
-    assert sandbox._available(kernel_layer), f"{kernel_layer} is installed but does not work"
+    assert parent._available(kernel_layer), f"{kernel_layer} is installed but does not work"
     mine, secret = tmp_path / "mine.txt", tmp_path / "secret.txt"
     mine.write_text("original")
     secret.write_text("TOPSECRET")
@@ -406,7 +406,7 @@ def test_python_tool_result():
                          "[blocked: importing socket is not allowed]")
     text = python_tool_result(run_python("import sys\nfor i in range(100): print(i, file=sys.stderr)\n1/0"))
     lines = text.splitlines()
-    assert lines[0] == "…" and len(lines) == 1 + sandbox._TOOL_STDERR_LINES + 1
+    assert lines[0] == "…" and len(lines) == 1 + parent._TOOL_STDERR_LINES + 1
     assert lines[-2] == "ZeroDivisionError: division by zero" and lines[-1] == "[exit status 1]"
 
 

@@ -1,7 +1,7 @@
 """The built-in process reward `arithmetic_steps`: one (end, reward) per worked step, offsets checked by hand."""
 import pytest
 
-from grpo.evaluation import example_fields
+from grpo.rewards import example_fields
 from grpo.rewards.steps import arithmetic_steps, parse_steps
 from grpo.tasks import load_builtin_task
 from grpo.tasks.arithmetic import worked_solution

@@ -8,12 +8,12 @@ import torch
 import transformers
 
 from grpo.algo import policy_loss
+from grpo.envs.tool_calls import Tool, load_tools
 from grpo.envs.tools import ToolEnvironment, check_tool_template
 from grpo.errors import DataError
 from grpo.rollout import HFGenerator, Rollout, Sampling
 from grpo.tasks import Example, load_builtin_task
 from grpo.tiny import build_char_tokenizer, build_tool_tokenizer, tiny_model_config
-from grpo.tools import Tool, load_tools
 
 TOK = build_tool_tokenizer()
 EOS = TOK.eos_token_id
@@ -291,7 +291,7 @@ def test_hostile_python_calls_fail_and_the_episode_goes_on(tmp_path):
     """The model's python calls that loop, fork, allocate, write or read the run's files, open a socket or signal
     the trainer each come back as a failed execution; the episode continues and nothing here is touched."""
     from grpo.sandbox import Limits
-    from grpo.tools import python_tool
+    from grpo.envs.tool_calls import python_tool
 
     canary = tmp_path / "run-file.txt"
     canary.write_text("the run's data")

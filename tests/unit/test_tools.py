@@ -1,12 +1,12 @@
-"""Tool calls (grpo/tools.py): the parsers on good and malformed calls, unknown tools, argument checks against the
-schema, the calculator, and tools given by name."""
+"""Tool calls (grpo/envs/tool_calls.py): the parsers on good and malformed calls, unknown tools, argument checks
+against the schema, the calculator, and tools given by name."""
 from typing import Literal, Optional
 
 import pytest
 
+from grpo.envs.tool_calls import (TOOL_PARSERS, Tool, ToolCall, calculator, call_tools, load_tools, parse_pythonic,
+                                  parse_qwen, register_parser)
 from grpo.errors import ConfigError
-from grpo.tools import TOOL_PARSERS, Tool, ToolCall, calculator, call_tools, load_tools, parse_pythonic, parse_qwen, \
-    register_parser
 
 
 def test_qwen_calls():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 from grpo.algo.reference import mix_into, move_base_into_adapter_share
+from grpo.policy.weights import full_model_state, tied_names
 
 
 class ReferenceSync:
@@ -38,9 +39,7 @@ class ReferenceSync:
         return {"ref/reset": 1.0}
 
     def _full(self) -> None:
-        from grpo.checkpoint import full_model_state  # every process: a collective under FSDP
-
-        weights = full_model_state(self.policy)
+        weights = full_model_state(self.policy)  # every process: a collective under FSDP
         for name, ref in reference_weights(self.reference_model).items():
             mix_into(ref, weights[name].to(ref.device), self.alpha)
 
@@ -62,7 +61,5 @@ class ReferenceSync:
 
 def reference_weights(model) -> dict[str, torch.Tensor]:
     """The reference copy's tensors by the names of the policy's full state dict (tied weights once)."""
-    from grpo.checkpoint import tied_names
-
     tied = tied_names(model)
     return {n: t for n, t in model.state_dict(keep_vars=True).items() if n not in tied}

@@ -1,0 +1,414 @@
+"""The sandbox's parent side: `run_python` picks the strongest layer that works here (probed once), starts the
+child interpreter (under bwrap for that layer) in a fresh working directory with a minimal environment, feeds it
+the code and stdin, keeps the head of stdout and the tail of stderr, reads the child's report, kills its whole
+process group at the end or at a limit, and classifies the outcome (`Execution`). The program the child runs is
+grpo/sandbox/child.py; what the layers contain is in grpo/sandbox/__init__.py and docs/sandbox.md.
+"""
+from __future__ import annotations
+
+import codecs
+import functools
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+
+from grpo.sandbox.child import BOOTSTRAP, program_source
+
+STATUSES = ("ok", "error", "timeout", "memory", "blocked", "output")
+_OUTPUT_KILL_BYTES = 1 << 20   # stdout + stderr beyond this: the child is killed (status "output")
+_TRUNCATED = "…[truncated]"
+_TOOL_STDERR_LINES = 20        # python_tool_result shows this many of stderr's last lines
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one execution may use. `timeout_s` is wall-clock time (the child is killed when it runs out);
+    `cpu_s` is RLIMIT_CPU; `memory_mb` is RLIMIT_AS (address space, so it also bounds threads' stacks);
+    `file_mb` is RLIMIT_FSIZE and, under bwrap or namespaces, the size of the working directory (a tmpfs);
+    `output_chars` is how much of stdout and of stderr is kept."""
+
+    timeout_s: float = 5.0
+    cpu_s: int = 5
+    memory_mb: int = 512
+    output_chars: int = 2000
+    file_mb: int = 16
+
+    def __post_init__(self):
+        for name in ("timeout_s", "cpu_s", "memory_mb", "output_chars", "file_mb"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"Limits.{name} must be positive, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_config(cls, section) -> Limits:
+        """The limits of a `sandbox.*` config section (`grpo.config.SandboxConfig`)."""
+        return cls(timeout_s=section.timeout_s, cpu_s=section.cpu_s, memory_mb=section.memory_mb,
+                   output_chars=section.output_chars, file_mb=section.file_mb)
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The outcome of one `run_python`.
+
+    `status` is one of:
+    - "ok": the code ran to the end (or called sys.exit(0)) and the guard refused nothing;
+    - "error": a non-zero exit: an uncaught exception (traceback in stderr), a syntax error, sys.exit(n), or
+      death by a signal (a crash);
+    - "timeout": the wall-clock deadline (`timeout_s`) or the CPU-time limit (`cpu_s`) was reached;
+    - "memory": the memory limit was reached (a MemoryError);
+    - "blocked": the guard refused an operation (even if the code caught the PermissionError and went on);
+    - "output": killed for writing more than `_OUTPUT_KILL_BYTES` of output.
+    `stdout` keeps the first `output_chars` characters and `stderr` the last, "…[truncated]" marking what was
+    dropped. `returncode` is the child's exit status (negative: killed by that signal; None: it did not start).
+    `detail` says why in a few words ("timed out after 5 s", "blocked: network access is not allowed").
+    """
+
+    status: str
+    stdout: str
+    stderr: str
+    returncode: int | None
+    seconds: float
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def run_python(code: str, *, stdin: str = "", limits: Limits = Limits()) -> Execution:
+    """Run `code` as a Python program in a new sandboxed process (see grpo.sandbox), with `stdin` as its
+    standard input. Never raises for anything the code does; hostile code ends as a failed Execution."""
+    return _run(code, stdin, limits, _layer())
+
+
+def isolation() -> str:
+    """The layers `run_python` uses on this machine: "bwrap+rlimits+guard", "namespaces+rlimits+guard" or
+    "rlimits+guard" (probed once per process)."""
+    return {"bwrap": "bwrap+rlimits+guard", "namespaces": "namespaces+rlimits+guard",
+            "none": "rlimits+guard"}[_layer()]
+
+
+def python_tool_result(execution: Execution) -> str:
+    """The text a model sees as a `python` tool's result: stdout, then stderr's last lines, then, when the
+    execution failed, why in brackets. Example: "3\\n[timed out after 5 s]"; "(no output)" when there is none."""
+    parts = []
+    if execution.stdout:
+        parts.append(execution.stdout.rstrip("\n"))
+    if execution.stderr.strip():
+        lines = execution.stderr.rstrip("\n").splitlines()
+        tail = lines[-_TOOL_STDERR_LINES:]
+        parts.append("\n".join((["…"] if len(lines) > len(tail) else []) + tail))
+    if not execution.ok:
+        parts.append(f"[{execution.detail or execution.status}]")
+    return "\n".join(parts) if parts else "(no output)"
+
+
+# ---------------------------------------------------------------------------------------------------- layers
+
+_LAYERS = ("bwrap", "namespaces", "none")
+_probe_lock = threading.Lock()
+
+
+@functools.cache
+def _available(layer: str) -> bool:
+    """Whether `layer` works here: a trivial program runs under it and reports its sandbox built."""
+    if layer == "none":
+        return True
+    if layer == "bwrap" and shutil.which("bwrap") is None:
+        return False
+    result = _run("print('ok')", "", Limits(timeout_s=20.0), layer)
+    return result.ok and result.stdout == "ok\n"
+
+
+def _layer() -> str:
+    """The strongest layer that works here, probed once (under a lock: rows of a batch start concurrently)."""
+    with _probe_lock:
+        return next(layer for layer in _LAYERS if _available(layer))
+
+
+def _interpreter() -> str:
+    """The base interpreter (a virtualenv's python would only add its site-packages, which -S drops anyway, and
+    would put the virtualenv, often inside the run directory, on the sandbox's paths)."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _needed_dirs() -> list[str]:
+    """Directories the child's interpreter reads: its prefix (stdlib, libpython) and its binary's directory."""
+    exe = _interpreter()
+    return sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(exe))})
+
+
+def _hidden_dirs() -> list[str]:
+    """Directories the namespaces layer hides under empty tmpfs mounts: the system temporary directory, the
+    caller's working directory (the run directory), HOME and /dev/shm, except those holding the interpreter."""
+    needed = _needed_dirs()
+    out: list[str] = []
+    candidates = [tempfile.gettempdir(), os.path.expanduser("~"), "/dev/shm"]
+    try:
+        candidates.append(os.getcwd())
+    except OSError:  # deleted under us: nothing there to hide
+        pass
+    for d in sorted({os.path.realpath(c) for c in candidates}, key=len):
+        if d == "/" or not os.path.isdir(d) or any(_inside(n, d) for n in needed):
+            continue
+        if not any(_inside(d, h) for h in out):  # one inside another is hidden already
+            out.append(d)
+    return out
+
+
+def _inside(path: str, d: str) -> bool:
+    return path == d or path.startswith(d.rstrip("/") + "/")
+
+
+def _bwrap_command(root: str, limits: Limits) -> list[str]:
+    """bubblewrap around the interpreter: /usr and the Python installation read-only, the rest empty."""
+    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+    for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        if os.path.islink(d):
+            cmd += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            cmd += ["--ro-bind", d, d]
+    for d in _needed_dirs():
+        if not _inside(d, "/usr"):
+            cmd += ["--ro-bind", d, d]
+    cmd += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--ro-bind-try", "/etc/localtime",
+            "/etc/localtime", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            "--size", str(limits.file_mb << 20), "--tmpfs", root, "--remount-ro", "/tmp", "--chdir", root, "--"]
+    return cmd
+
+
+def _environment(root: str) -> dict[str, str]:
+    return {"PATH": "/usr/bin:/bin", "HOME": root, "TMPDIR": root, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+            "PYTHONHASHSEED": "0", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
+
+
+# ------------------------------------------------------------------------------------------------ one run
+
+def _run(code: str, stdin: str, limits: Limits, layer: str, *, guard: bool = True) -> Execution:
+    """One execution under `layer` ("bwrap", "namespaces" or "none"); `guard=False` (tests only) leaves the
+    audit hook out, to check what the kernel layers contain by themselves."""
+    root = os.path.realpath(tempfile.mkdtemp(prefix="grpo-sandbox-"))
+    program = code.encode("utf-8", "replace")
+    report_r, report_w = os.pipe()
+    config = {"root": root, "report_fd": report_w, "program_bytes": len(program), "guard": guard,
+              "namespaces": layer == "namespaces", "hidden": _hidden_dirs() if layer == "namespaces" else [],
+              "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
+              "nproc": layer != "none", "deadline_s": limits.timeout_s + 2.0}
+    # -P -s -S -B rather than -I: -I also implies -E, which would ignore PYTHONHASHSEED; the environment is
+    # built from scratch anyway.
+    argv = [_interpreter(), "-P", "-s", "-S", "-B", "-c", BOOTSTRAP, f"{program_source()}\n_child({config!r})\n"]
+    if layer == "bwrap":
+        argv = _bwrap_command(root, limits) + argv
+    start = time.monotonic()
+    try:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    cwd=root, env=_environment(root), start_new_session=True, close_fds=True,
+                                    pass_fds=(report_w,))
+        except OSError as e:
+            return Execution("error", "", "", None, 0.0, f"sandbox: cannot start the interpreter: {e}")
+        finally:
+            os.close(report_w)
+        try:
+            out, err, report, killed = _communicate(proc, program + stdin.encode("utf-8", "replace"), report_r,
+                                                    limits, start + limits.timeout_s)
+        finally:
+            cpu = _kill_and_reap(proc)
+        seconds = time.monotonic() - start
+        return _outcome(out, err, report, killed, proc.returncode, cpu, seconds, limits, layer)
+    finally:
+        os.close(report_r)
+        _remove(root)
+
+
+class _Head:
+    """The first `cap` bytes of a stream."""
+
+    def __init__(self, cap: int):
+        self.cap, self.data, self.dropped = cap, bytearray(), 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.cap - len(self.data)
+        self.data += chunk[:room]
+        self.dropped += max(0, len(chunk) - room)
+
+
+class _Tail(_Head):
+    """The last `cap` bytes of a stream."""
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > 2 * self.cap:  # trim in batches, not on every chunk
+            self.dropped += len(self.data) - self.cap
+            del self.data[:-self.cap]
+
+    def done(self) -> None:
+        if len(self.data) > self.cap:
+            self.dropped += len(self.data) - self.cap
+            del self.data[:-self.cap]
+
+
+def _communicate(proc: subprocess.Popen, data: bytes, report_fd: int, limits: Limits,
+                 deadline: float) -> tuple[_Head, _Tail, str, str | None]:
+    """Feed stdin and drain stdout, stderr and the report pipe until they close, the output limit is passed or
+    the deadline comes, then wait (until the deadline) for the child to exit. Returns the kept stdout, stderr
+    and report, and why the child was killed ("timeout", "output") or None."""
+    cap = 4 * limits.output_chars
+    out, err, report = _Head(cap), _Tail(cap), _Head(4096)
+    sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, report_fd: report}
+    sel = selectors.DefaultSelector()
+    for fd in sinks:
+        sel.register(fd, selectors.EVENT_READ)
+    stdin_fd, sent = proc.stdin.fileno(), 0
+    os.set_blocking(stdin_fd, False)
+    sel.register(stdin_fd, selectors.EVENT_WRITE)
+    killed, total, reading = None, 0, len(sinks)
+    try:
+        while reading and killed is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                killed = "timeout"
+                break
+            for key, _ in sel.select(remaining):
+                fd = key.fd
+                if fd == stdin_fd:
+                    try:
+                        sent += os.write(fd, data[sent:sent + 65536])
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the child closed stdin or died: the rest is not wanted
+                        sent = len(data)
+                    if sent >= len(data):
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    sel.unregister(fd)
+                    reading -= 1
+                    continue
+                sinks[fd].add(chunk)
+                if fd != report_fd:
+                    total += len(chunk)
+                    if total > _OUTPUT_KILL_BYTES:
+                        killed = "output"
+                        break
+        if killed is None and not _wait_exit(proc, deadline):
+            killed = "timeout"
+    finally:
+        sel.close()
+    err.done()
+    return out, err, report.data.decode("utf-8", "replace"), killed
+
+
+def _wait_exit(proc: subprocess.Popen, deadline: float) -> bool:
+    """Wait until the child has exited (without reaping it, so its process group stays addressable), at most
+    until `deadline`; whether it did."""
+    pause = 0.001
+    while True:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(pause)
+        pause = min(2 * pause, 0.02)
+
+
+def _kill_and_reap(proc: subprocess.Popen) -> float:
+    """SIGKILL the child's whole process group (leftovers included), reap the child and return the CPU seconds it
+    and the children it waited for used."""
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            pipe.close()
+        except OSError:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its group: start_new_session made the child the leader
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:  # in case it left its group (os.setsid); not proc.kill(), which would reap it first
+        os.kill(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _outcome(out: _Head, err: _Tail, report: str, killed: str | None, rc: int, cpu: float, seconds: float,
+             limits: Limits, layer: str) -> Execution:
+    """Classify a finished run (see Execution)."""
+    lines = report.splitlines()
+    blocked = next((line[len("blocked "):] for line in lines if line.startswith("blocked ")), None)
+    setup = next((line[len("setup "):] for line in lines if line.startswith("setup ")), None)
+    exits = [line[len("exit "):] for line in lines if line.startswith("exit ")]
+    if layer == "bwrap" and rc > 128 and not exits:
+        rc = -(rc - 128)  # bwrap reports a child killed by signal n as 128 + n
+    stdout, stderr = _text(out, head=True), _text(err, head=False)
+    sig = -rc if rc < 0 else None
+
+    def result(status: str, detail: str) -> Execution:
+        return Execution(status, stdout, stderr, rc, round(seconds, 3), detail)
+
+    if killed == "timeout":
+        return result("timeout", f"timed out after {limits.timeout_s:g} s")
+    if killed == "output":
+        return result("output", f"output limit exceeded: stopped after {_OUTPUT_KILL_BYTES} bytes")
+    if setup is not None:
+        return result("error", f"sandbox setup failed: {setup}")
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s - 0.05):
+        return result("timeout", f"CPU time limit of {limits.cpu_s} s exceeded")
+    if "memory" in lines:
+        return result("memory", f"memory limit of {limits.memory_mb} MB exceeded")
+    if blocked is not None:
+        return result("blocked", f"blocked: {blocked}")
+    if sig is not None:
+        try:
+            name = signal.Signals(sig).name
+        except ValueError:
+            name = f"signal {sig}"
+        return result("error", f"killed by {name}")
+    if rc != 0:
+        return result("error", f"exit status {rc}")
+    return result("ok", "")
+
+
+def _text(stream: _Head, *, head: bool) -> str:
+    """A kept stream as text, cut at a character boundary, with the truncation marker where bytes were dropped."""
+    data = bytes(stream.data)
+    if head:
+        text = codecs.getincrementaldecoder("utf-8")("replace").decode(data, final=stream.dropped == 0)
+    else:
+        if stream.dropped:
+            skip = 0
+            while skip < min(3, len(data)) and data[skip] & 0xC0 == 0x80:  # a character cut at the front
+                skip += 1
+            data = data[skip:]
+        text = data.decode("utf-8", "replace")
+    n = stream.cap // 4
+    truncated = stream.dropped > 0 or len(text) > n
+    if not truncated:
+        return text
+    return text[:n] + _TRUNCATED if head else _TRUNCATED + text[-n:]
+
+
+def _remove(root: str) -> None:
+    """Delete the working directory, whatever modes the code left on its subdirectories."""
+    for top, dirs, _ in os.walk(root):
+        for d in dirs:
+            path = os.path.join(top, d)
+            if not os.path.islink(path):  # chmod follows links
+                try:
+                    os.chmod(path, 0o700)
+                except OSError:
+                    pass
+    shutil.rmtree(root, ignore_errors=True)
