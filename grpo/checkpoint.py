@@ -15,7 +15,6 @@ runs on resume.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
@@ -32,7 +31,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from grpo.config import flatten
 from grpo.errors import NO_ROOM, ConfigError, WriteError, os_reason, write_failure
-from grpo.rundir import replace_dir
+from grpo.rundir import replace_dir, sha256_file
 
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
@@ -202,15 +201,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    """The hex SHA-256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------------
