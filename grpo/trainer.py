@@ -24,10 +24,10 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.checkpoint import (config_changes, find_checkpoint, full_model_state, load_checkpoint, may_change,
-                             resume_hint, rng_states, save_checkpoint)
+from grpo.checkpoint import (find_checkpoint, full_model_state, load_checkpoint, resume_hint, rng_states,
+                             save_checkpoint)
 from grpo.collect import Collector, collect, probe_rewards
-from grpo.config import Config, to_yaml, validate
+from grpo.config import Config, config_changes, may_change, to_yaml
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
 from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, prompt_limit
@@ -46,6 +46,7 @@ from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
 from grpo.tasks import load_task
 from grpo.tracking import check_installed
+from grpo.validate import validate_once
 
 
 @dataclass
@@ -79,7 +80,7 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables."""
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
     dist = dist or Dist()
-    validate(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
+    validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
     if dist.is_main:
         check_installed(cfg.log.trackers)
     if cfg.compute.threads:

@@ -136,7 +136,7 @@ def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int |
             fn = make_code_reward(sandbox_limits)
         if name == "overlong" and tokenizer is not None and max_new_tokens:
             from grpo.rewards.math_answers import make_overlong_penalty
-            buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (config.validate)
+            buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (grpo.validate)
 
             def tokens(text: str) -> int:
                 return len(tokenizer(text, add_special_tokens=False)["input_ids"])
