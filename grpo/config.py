@@ -389,7 +389,9 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
     rewards: list[str] = opt(["last_number"], "Reward functions: built-in names ({names}) or 'module:function'; "
-                                              "the total reward is their weighted sum.", names="rewards")
+                                              "the total reward is their weighted sum. A run given Python functions "
+                                              "(train(cfg, rewards=[...])) records them here as 'module:qualname'.",
+                             names="rewards")
     reward_weights: list[float] | None = opt(None, "One weight per reward function; none means all 1.")
     overlong_buffer: int = opt(0, "L_cache of the overlong reward (DAPO eq. 13), in tokens: the penalty ramps "
                                   "from 0 to -1 over the last this-many tokens before rollout.max_new_tokens; 0 "

@@ -18,7 +18,7 @@ import functools
 import random
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -39,7 +39,7 @@ from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.reference import ReferenceSync, reference_weights
-from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
+from grpo.rewards import RewardFn, build_rewards, recorded_name, resolve_reward, reward_name
 from grpo.rundir import claim, clear, discard_unstarted
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sandbox import Limits
@@ -77,10 +77,13 @@ class TrainState:
 
 
 def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
-    """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables."""
+    """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables (the run's config.yaml then
+    names them, `recorded_name`, and a resume with others is refused)."""
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
     dist = dist or Dist()
     validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
+    if rewards is not None:  # the run's config says which functions it was trained with
+        cfg = replace(cfg, rewards=[recorded_name(f) for f in rewards])
     if dist.is_main:
         check_installed(cfg.log.trackers)
     if cfg.compute.threads:

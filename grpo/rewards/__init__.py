@@ -160,6 +160,13 @@ def reward_name(fn: RewardFn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
 
 
+def recorded_name(fn: RewardFn) -> str:
+    """How a reward function given from Python is named in its run's config (`rewards`): 'module:qualname', which
+    `rewards` imports again when the function is defined at the top level of an importable module."""
+    named = fn if hasattr(fn, "__qualname__") else type(fn)  # a callable object: its class
+    return f"{getattr(named, '__module__', None) or type(fn).__module__}:{named.__qualname__}"
+
+
 def _culprit(fn: RewardFn, prompts, completions, fields) -> int | None:
     """The first completion on which `fn` raises when called on it alone, if any."""
     for i in range(len(completions)):
