@@ -6,6 +6,8 @@
 from grpo.config import Config, load_config
 from grpo.errors import ConfigError, DataError, GRPOError
 from grpo.rewards import REWARDS, exact_match, last_number
+from grpo.validate import validate_once as _validate_once  # noqa: F401 - importing it adds it to
+                                                           # grpo.config.LOAD_CHECKS: load_config validates
 
 
 def train(cfg: Config, **kwargs):

@@ -15,7 +15,6 @@ runs on resume.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import random
@@ -30,10 +29,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
-from grpo.config import flatten
 from grpo.errors import NO_ROOM, ConfigError, WriteError, os_reason, write_failure
 from grpo.policy.weights import FULL, full_model_state, tied_names
-from grpo.rundir import replace_dir
+from grpo.rundir import replace_dir, sha256_file
 
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
@@ -184,15 +182,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def sha256_file(path: Path) -> str:
-    """The hex SHA-256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------------------------------------------------
 # finding and reading
 
@@ -261,41 +250,3 @@ def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, reference: dict 
     scheduler.load_state_dict(extra["scheduler"])
     set_rng_states(extra["rng"])
     return json.loads((ckpt / "trainer_state.json").read_text())
-
-
-# ---------------------------------------------------------------------------------------------------------
-# what a resume may change
-
-# The rule is inverted: a resume must continue the uninterrupted run, so every key must equal the checkpoint's
-# except these, which cannot change what is trained (how long, how often to save and evaluate, logging, where the
-# run is written, when to give up on non-finite steps, how long to wait for the engine)...
-FREE = ("train.steps", "train.save_every", "train.keep_last", "train.resume", "train.overwrite", "train.output_dir",
-        "train.max_nonfinite_steps", "eval.every", "log.", "vllm.timeout_s")
-# ...and these, which change memory or speed and with them the floating-point rounding, never the mathematics: a
-# resume may change them (on a machine with less memory or other cores; an FSDP2 run continued in one process),
-# with a warning that the run is then no longer bit for bit the uninterrupted one.
-ROUNDING = ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads", "compute.sharding",
-            "model.gradient_checkpointing", "vllm.gpu_memory_utilization", "vllm.kv_cache_gib")
-
-
-def _matches(key: str, patterns: tuple[str, ...]) -> bool:
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
-
-
-def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> tuple[list[str], list[str]]:
-    """The dotted keys that differ between a checkpoint's config and the current one, as "key: old -> new":
-    those a resume must refuse (every key outside FREE and ROUNDING), and those it allows at the cost of exact
-    rounding (ROUNDING). A key the saved config lacks (written before the option existed) counts as its value in
-    `defaults`; one the current config lacks (an option since removed) is ignored."""
-    a, b = {**flatten(defaults or {}), **flatten(saved)}, flatten(current)
-    refused, rounding = [], []
-    for key in sorted(b):  # a key this version no longer has cannot change anything
-        if a.get(key) == b.get(key) or _matches(key, FREE):
-            continue
-        (rounding if _matches(key, ROUNDING) else refused).append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
-    return refused, rounding
-
-
-def may_change() -> str:
-    """The keys a resume may change, for its error message."""
-    return ", ".join(p + "*" if p.endswith(".") else p for p in FREE + ROUNDING)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from grpo.config import describe_options, load_config
 from grpo.errors import NO_ROOM, GRPOError, write_failure
+from grpo.validate import registry_names
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_JOB = CONFIG_DIR / "tiny.yaml"  # what `grpo train` runs without a CONFIG
@@ -43,7 +44,7 @@ def _split_args(items: list[str]) -> tuple[Path, list[str]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    epilog = ("options (as dotted.key=value, or in the YAML file):\n" + describe_options()
+    epilog = ("options (as dotted.key=value, or in the YAML file):\n" + describe_options(registry_names())
               + "\n\nshipped configs: " + ", ".join(shipped_configs()))
     p = argparse.ArgumentParser(prog="grpo", description="Group Relative Policy Optimization for causal LMs.")
     sub = p.add_subparsers(dest="command", required=True)

@@ -1,33 +1,71 @@
-"""Typed configuration: one dataclass per concern, each option documented once (its `help`), loaded from
-YAML plus dotted `key=value` overrides and validated at load.
+"""Typed configuration: one dataclass per concern, each option declared once (`opt`: its default, its `help`,
+its range, its resume class), loaded from YAML plus dotted `key=value` overrides.
 
 Errors name the field and what is allowed: an unknown key names the closest valid one, a wrong type names
 the expected type, a value out of range names the range, an enum value lists the allowed values.
-`algo.preset` fills the algorithm fields from `grpo.algo.PRESETS`; keys set explicitly win over the preset.
+`algo.preset` fills the algorithm fields from `grpo.algo.presets`, however the config is built (YAML or
+`AlgoConfig(preset=...)`); keys set explicitly win over the preset.
+
+This module is a leaf: it imports nothing of grpo but the errors and the preset data. The rules that involve
+several fields or the registries (rollout backends, environments, rewards, tools) and the load warnings live in
+grpo/validate.py, which `load_config` runs through `LOAD_CHECKS`; a resume's rule (`config_changes`) reads each
+option's resume class from its declaration here.
 """
 from __future__ import annotations
 
 import difflib
-import importlib.util
-import os
+import functools
 import types
 import typing
 import warnings
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, Field, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
-from grpo.algo.presets import PRESETS
+from grpo.algo.presets import PRESETS, preset_values
 from grpo.errors import ConfigError
 
+# What a resume may do with an option (`config_changes`): a resume must continue the uninterrupted run, so every
+# option is "refused" (it must equal the checkpoint's) unless declared "free" (it cannot change what is trained:
+# how long, how often to save and evaluate, logging, where the run is written, when to give up on non-finite
+# steps, how long to wait for the engine) or "rounding" (it changes memory or speed and with them the
+# floating-point rounding, never the mathematics: a resume may change it, on a machine with less memory or other
+# cores, with a warning that the run is then no longer bit for bit the uninterrupted one).
+RESUME_CLASSES = ("free", "rounding", "refused")
 
-def opt(default: Any, help: str, **checks: Any) -> Any:
-    """A config field: its default, its one-line documentation and its range checks (ge, gt, le, lt)."""
+
+def opt(default: Any, help: str, *, resume: str = "refused", names: str | None = None, **checks: Any) -> Any:
+    """A config option: its default, its one-line documentation (`help`), its range checks (ge, gt, le, lt) and
+    its resume class (`resume`, one of RESUME_CLASSES). `names`: the registry whose names the option takes (the
+    rollout backends, the rewards, ...); `{names}` in `help` stands for them and is filled in by whoever shows the
+    help (`describe_options`, with `grpo.validate.registry_names()`), since this module imports no registry."""
+    if resume not in RESUME_CLASSES:
+        raise ValueError(f"resume={resume!r}; choose one of {', '.join(map(repr, RESUME_CLASSES))}")
+    meta = {"help": help, "default": default, "resume": resume, **({"names": names} if names else {}), **checks}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **checks})
-    return field(default=default, metadata={"help": help, **checks})
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "<the preset's>"
+
+
+UNSET = _Unset()  # an algo.* option not given: AlgoConfig.__post_init__ puts the preset's value in its place
+
+
+def _from_preset(cls):
+    """Make every option of `cls` but `preset` default to UNSET, so that `__post_init__` can tell the options
+    given (which win) from those the preset fills (with its value, else the declared default). The same for a
+    section built from YAML (`_build` passes the keys given) and one built in Python (`AlgoConfig(preset=...)`)."""
+    for name, f in vars(cls).items():
+        if isinstance(f, Field) and name != "preset":
+            f.default, f.default_factory = UNSET, MISSING
+    return cls
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -45,7 +83,8 @@ class ModelConfig:
     autocast_bf16: bool = opt(False, "Run forward passes under bfloat16 autocast (weights stay in model.dtype); "
                                      "on CPUs with AVX-512 BF16 or AMX this is faster from a few million "
                                      "parameters up (docs/benchmarks.md).")
-    gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.")
+    gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.",
+                                       resume="rounding")
     attn_implementation: str = opt("", "Attention kernel passed to transformers ('eager', 'sdpa', "
                                        "'flash_attention_2', ...); empty keeps the model's default, except "
                                        "'eager' with autocast_bf16 on CPU (faster there for short sequences; "
@@ -108,16 +147,16 @@ class RolloutConfig:
     top_k: int = opt(0, "Keep only the k most likely tokens when sampling; 0 keeps all.", ge=0)
     min_new_tokens: int = opt(0, "EOS cannot be sampled before this many tokens (as in transformers' generate); "
                                  "at most max_new_tokens.", ge=0)
-    backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS: 'hf' samples in-process from the "
-                             "model being trained (transformers' model, grpo's lean decoding loop); 'vllm' "
-                             "samples with a vLLM engine in each training process, sharing its device, its "
+    backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS ({names}): 'hf' samples in-process "
+                             "from the model being trained (transformers' model, grpo's lean decoding loop); "
+                             "'vllm' samples with a vLLM engine in each training process, sharing its device, its "
                              "weights replaced after every training step (pip install -e '.[vllm]'; the vllm.* "
-                             "section).")
-    environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS: "
-                                          "'single_turn' samples one completion per episode; 'tools' runs "
-                                          "multi-turn episodes in which the model calls tools (the tools.* "
+                             "section).", names="rollout backends")
+    environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS "
+                                          "({names}): 'single_turn' samples one completion per episode; 'tools' "
+                                          "runs multi-turn episodes in which the model calls tools (the tools.* "
                                           "section; needs model.chat_template). max_new_tokens then limits each "
-                                          "model turn.")
+                                          "model turn.", names="environments")
     lean_decoding: bool = opt(True, "Run the prefill and decoding steps of Llama, Qwen2 and Mistral models (full "
                                     "attention, no FSDP; LoRA from merged weights) with grpo's own loop over the "
                                     "model's weights: the same logits as transformers' forward with less "
@@ -126,8 +165,9 @@ class RolloutConfig:
 
 
 @dataclass
+@_from_preset  # every option but `preset` takes the preset's value unless given (__post_init__)
 class AlgoConfig:
-    preset: Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"] = opt(
+    preset: Literal[tuple(PRESETS)] = opt(  # the names in grpo.algo.presets.PRESETS
         "grpo", "Named algorithm (see docs/objective.md); sets the fields below, each of which can still be set.")
     scale: Literal["group", "batch", "none", "rloo"] = opt(
         "group", "Advantage scaling: group std (GRPO), batch std (Lite PPO), none (Dr. GRPO), leave-one-out (RLOO).")
@@ -186,25 +226,39 @@ class AlgoConfig:
     sampler_correction_floor: float = opt(0.0, "C_min: the lower clamp of the truncated weights, the smallest ratio "
                                                "the masked ones keep; 0: no lower bound.", ge=0)
 
+    def __post_init__(self) -> None:
+        """Fill the options not given from the preset (else their declared default); remember which were given."""
+        preset = _coerce(self.preset, _hint(AlgoConfig, "preset"), "algo.preset")
+        values = preset_values(preset)
+        given = set()
+        for f in fields(self):
+            if getattr(self, f.name) is not UNSET:
+                given.add(f.name)
+            elif f.name in values:
+                setattr(self, f.name, _coerce(values[f.name], _hint(AlgoConfig, f.name), f"algo.{f.name}"))
+            else:
+                setattr(self, f.name, f.metadata["default"])
+        self._given = frozenset(given - {"preset"})
+
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(100, "Optimiser steps (each: sample, score, update).", ge=1)
+    steps: int = opt(100, "Optimiser steps (each: sample, score, update).", ge=1, resume="free")
     prompts_per_step: int = opt(16, "Prompts per step; each gets group_size completions. A multiple of the number "
                                     "of processes.", ge=1)
     lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
     seed: int = opt(0, "Seed of the data order, the sampling and the initialisation: same seed, same run.")
-    output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.")
+    output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.", resume="free")
     save_every: int = opt(0, "Write a checkpoint every this many steps (and at the end); 0 writes none, "
-                             "except when a SIGINT/SIGTERM stops the run.", ge=0)
-    keep_last: int = opt(2, "Complete checkpoints to keep; older ones are deleted.", ge=1)
+                             "except when a SIGINT/SIGTERM stops the run.", ge=0, resume="free")
+    keep_last: int = opt(2, "Complete checkpoints to keep; older ones are deleted.", ge=1, resume="free")
     resume: str = opt("", "Continue a run: 'auto' takes the newest complete checkpoint in output_dir (or starts "
-                          "afresh if there is none); a path names a checkpoint or a run directory.")
+                          "afresh if there is none); a path names a checkpoint or a run directory.", resume="free")
     overwrite: bool = opt(False, "Start a new run in an output_dir that already holds one, deleting that run's "
                                  "files (config, metrics, samples, chart, trackers' files, checkpoints, model); "
-                                 "without it such a run is refused. Other files there are left alone.")
+                                 "without it such a run is refused. Other files there are left alone.", resume="free")
     max_nonfinite_steps: int = opt(3, "Abort after this many consecutive steps whose loss or gradient is NaN or "
-                                      "inf (each such update is skipped).", ge=1)
+                                      "inf (each such update is skipped).", ge=1, resume="free")
 
 
 @dataclass
@@ -224,10 +278,10 @@ class OptimConfig:
 class ComputeConfig:
     micro_batch_size: int = opt(64, "Sequences per forward/backward pass; gradients are accumulated across "
                                     "micro-batches with the step-wide normaliser, so this changes memory, not "
-                                    "results.", ge=1)
+                                    "results.", ge=1, resume="rounding")
     micro_batch_tokens: int = opt(0, "Also cap each micro-batch at this many positions (rows × their longest "
                                      "prompt + completion), so long completions take fewer rows per pass; 0: no "
-                                     "cap. Changes memory, not results.", ge=0)
+                                     "cap. Changes memory, not results.", ge=0, resume="rounding")
     share_prompt: bool = opt(True, "In the training and reference forward passes, run each group's prompt once "
                                    "and let its G completions attend to its keys and values (same results, fewer "
                                    "tokens). Not with gradient checkpointing or FSDP, which run every row in full.")
@@ -236,36 +290,39 @@ class ComputeConfig:
                                    "own loop over the model's weights, prompts and completions as one flat batch "
                                    "of positions: the same log-probs as transformers' forward with less overhead. "
                                    "false: always transformers' forward.")
-    threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0)
+    threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0, resume="rounding")
     sharding: Literal["ddp", "fsdp"] = opt("ddp", "With several processes: replicate the model and all-reduce "
                                                   "gradients (ddp), or shard parameters, gradients and optimizer "
-                                                  "state with FSDP2 (fsdp, also allowed with one process).")
+                                                  "state with FSDP2 (fsdp, also allowed with one process).",
+                                   resume="rounding")
 
 
 @dataclass
 class VLLMConfig:
     gpu_memory_utilization: float = opt(0.3, "On a GPU: the fraction of its memory the engine may take (weights, "
-                                             "activations and KV cache); the trainer shares the rest.", gt=0, le=1)
+                                             "activations and KV cache); the trainer shares the rest.", gt=0, le=1,
+                                        resume="rounding")
     kv_cache_gib: float = opt(1.0, "On the CPU: GiB of memory for the engine's KV cache; 0 leaves vLLM's default "
                                    "(a share of the machine's total memory, which fails where that much is not "
-                                   "free). VLLM_CPU_KVCACHE_SPACE in the environment overrides it.", ge=0)
+                                   "free). VLLM_CPU_KVCACHE_SPACE in the environment overrides it.", ge=0,
+                              resume="rounding")
     max_model_len: int = opt(0, "Longest prompt plus completion the engine accepts, in tokens; 0 takes the "
                                 "model's max_position_embeddings.", ge=0)
     enforce_eager: bool = opt(True, "Run the engine's model eagerly: no torch.compile and no CUDA graphs, so it "
                                     "starts in seconds; false is faster per token on a GPU once warmed up.")
     timeout_s: float = opt(600.0, "Longest an engine call (start, a batch of rollouts, a weight sync) may take "
-                                  "before the run stops with an error instead of hanging.", gt=0)
+                                  "before the run stops with an error instead of hanging.", gt=0, resume="free")
 
 
 @dataclass
 class ToolsConfig:
     names: list[str] = opt(["calculator"], "With rollout.environment=tools: the tools the model may call, built-in "
-                                           "(calculator, python) or 'module:function' (a typed function with a "
-                                           "docstring that returns a string).")
-    parser: str = opt("qwen", "How calls are read from a model turn, a name in "
-                              "grpo.envs.tool_calls.TOOL_PARSERS: 'qwen' "
-                              "(<tool_call>{json}</tool_call>, Qwen2.5/Qwen3) or 'pythonic' ([name(arg=value)], "
-                              "Llama 3.2 and the bundled tiny-tools model).")
+                                           "({names}) or 'module:function' (a typed function with a docstring that "
+                                           "returns a string).", names="tools")
+    parser: str = opt("qwen", "How calls are read from a model turn, a registered tool-call parser ({names}; "
+                              "register_parser adds one): 'qwen' (<tool_call>{json}</tool_call>, Qwen2.5/Qwen3) or "
+                              "'pythonic' ([name(arg=value)], Llama 3.2 and the bundled tiny-tools model).",
+                      names="tool-call parsers")
     max_turns: int = opt(4, "Most model turns in an episode; a last turn that still calls a tool ends it "
                             "(recorded as max_turns).", ge=1)
     max_tokens: int = opt(0, "Most tokens in an episode after the prompt (the model's turns and the tool results); "
@@ -291,26 +348,29 @@ class SandboxConfig:
 @dataclass
 class EvalConfig:
     every: int = opt(25, "Evaluate on the held-out split every this many steps, plus once before the first "
-                         "update and once after the last; 0 evaluates only before and after.", ge=0)
+                         "update and once after the last; 0 evaluates only before and after.", ge=0, resume="free")
     size: int = opt(0, "Held-out examples to evaluate on; 0 uses all of them.", ge=0)
     pass_k: int = opt(8, "k of pass@k: completions sampled per held-out prompt; 0 skips pass@k.", ge=0)
     temperature: float = opt(1.0, "Sampling temperature for pass@k (accuracy is always greedy).", gt=0)
-    reward: str = opt("last_number", "Reward function that decides whether a completion is correct (1 = correct).")
+    reward: str = opt("last_number", "Reward function that decides whether a completion is correct (1 = correct): "
+                                     "a built-in name ({names}) or 'module:function'.", names="rewards")
 
 
 @dataclass
 class LogConfig:
-    samples_every: int = opt(10, "Write sample completions to samples.jsonl every this many steps; 0 never.", ge=0)
-    samples_per_step: int = opt(2, "Groups (prompts) written each time samples are written.", ge=1)
+    samples_every: int = opt(10, "Write sample completions to samples.jsonl every this many steps; 0 never.", ge=0,
+                             resume="free")
+    samples_per_step: int = opt(2, "Groups (prompts) written each time samples are written.", ge=1, resume="free")
     trackers: list[Literal["tensorboard", "wandb", "trackio"]] = opt(
         ["tensorboard"], "Where every step's metrics, the resolved config and the sample completions are also "
                          "reported (besides metrics.jsonl): tensorboard (<output_dir>/tensorboard), wandb (Weights "
                          "& Biases; the `wandb` extra), trackio (the `trackio` extra); [] for none. "
-                         "docs/tracking.md.")
-    project: str = opt("grpo", "Project of the wandb and trackio runs.")
-    run_name: str = opt("", "Name of the run in wandb and trackio; empty: the output directory's name.")
-    progress: bool = opt(True, "Show a progress bar with the live figures.")
-    chart: bool = opt(True, "Draw reward and held-out accuracy against step into <output_dir>/chart.png.")
+                         "docs/tracking.md.", resume="free")
+    project: str = opt("grpo", "Project of the wandb and trackio runs.", resume="free")
+    run_name: str = opt("", "Name of the run in wandb and trackio; empty: the output directory's name.", resume="free")
+    progress: bool = opt(True, "Show a progress bar with the live figures.", resume="free")
+    chart: bool = opt(True, "Draw reward and held-out accuracy against step into <output_dir>/chart.png.",
+                      resume="free")
 
 
 @dataclass
@@ -328,9 +388,10 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    rewards: list[str] = opt(["last_number"], "Reward functions: built-in names (exact_match, last_number, math, "
-                                              "format, overlong, arithmetic_steps, final_number, code) or "
-                                              "'module:function'; the total reward is their weighted sum.")
+    rewards: list[str] = opt(["last_number"], "Reward functions: built-in names ({names}) or 'module:function'; "
+                                              "the total reward is their weighted sum. A run given Python functions "
+                                              "(train(cfg, rewards=[...])) records them here as 'module:qualname'.",
+                             names="rewards")
     reward_weights: list[float] | None = opt(None, "One weight per reward function; none means all 1.")
     overlong_buffer: int = opt(0, "L_cache of the overlong reward (DAPO eq. 13), in tokens: the penalty ramps "
                                   "from 0 to -1 over the last this-many tokens before rollout.max_new_tokens; 0 "
@@ -343,8 +404,16 @@ class Config:
 # ---------------------------------------------------------------------------------------------------------
 # loading
 
+# Checks run on every config `load_config` returns. The cross-field rules and the load warnings need the
+# registries (rollout backends, environments, rewards, tools), which stand above this module: grpo/validate.py
+# adds its check here when it is imported, and grpo/__init__.py imports it, so every loaded config is checked while
+# this module imports no registry.
+LOAD_CHECKS: list[Callable[[Config], None]] = []
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """YAML file (optional) + `dotted.key=value` overrides → a validated Config."""
+    """YAML file (optional) + `dotted.key=value` overrides → a Config, validated (`grpo.validate.validate_once`:
+    the cross-field rules, and a warning for each known trap)."""
     raw: dict = {}
     if path is not None:
         raw = read_yaml(path)
@@ -361,6 +430,8 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_first_line(e)})") from None
         _set_dotted(raw, key.strip(), value)
     cfg = from_dict(raw)
+    for check in LOAD_CHECKS:
+        check(cfg)
     message = _preset_under_file_keys(path, in_file, cfg.algo.preset, given)
     if message:
         warnings.warn(message, stacklevel=2)
@@ -373,7 +444,7 @@ def _preset_under_file_keys(path, in_file: dict, preset: str, given: set[str]) -
     preset alone; say so, once."""
     if "algo.preset" not in given:
         return None
-    own = asdict(PRESETS[preset])
+    own = preset_values(preset)
     differ = sorted(k for k, v in in_file.items()
                     if k != "preset" and k in own and f"algo.{k}" not in given and v != own[k])
     if not differ:
@@ -404,138 +475,15 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def from_dict(raw: dict) -> Config:
-    """Strict conversion: every key must be a field, every value of the field's type and in its range."""
-    raw = dict(raw)
-    explicit = set(flatten(raw))  # the keys the user set (not those a preset filled in)
-    algo = raw.get("algo", {})
-    if isinstance(algo, dict):
-        preset = algo.get("preset", AlgoConfig.preset)
-        _coerce(preset, _hint(AlgoConfig, "preset"), "algo.preset")
-        base = {k: v for k, v in asdict(PRESETS[preset]).items() if k in _field_names(AlgoConfig)}
-        raw["algo"] = {**base, **algo}
-    cfg = _build(Config, raw, "")
-    validate(cfg)
-    for message in traps(cfg, explicit):
-        warnings.warn(message, stacklevel=2)
-    return cfg
+    """Strict conversion: every key must be a field, every value of the field's type and in its range; the
+    algo.* keys not given take the preset's values (`AlgoConfig`). No cross-field rule: see `load_config`."""
+    return _build(Config, dict(raw), "")
 
 
-def traps(cfg: Config, explicit: set[str] = frozenset()) -> list[str]:
-    """Combinations that run but are known mistakes, each as the warning `load_config` gives once. `explicit`:
-    the dotted keys the user set; a setting that cannot act is flagged only when set on purpose (not by a
-    preset, such as dapo's clip-higher, which acts as soon as the data are off-policy)."""
-    a, r = cfg.algo, cfg.rollout
-    out = []
-    if a.ratio_level == "sequence" and a.aggregation == "token_mean":
-        out.append("algo.ratio_level=sequence (GSPO) with algo.aggregation=token_mean weights each sequence by its "
-                   "length, while GSPO's objective is a mean over sequences (its paper, and verl, which forces "
-                   "seq_mean): use algo.aggregation=seq_mean")
-    if a.num_iterations == 1 and r.backend == "hf":  # no off-policy data: the ratio is exactly 1 (docs/training.md)
-        why = ("with algo.num_iterations=1 and the in-process sampler (rollout.backend=hf) every ratio is exactly 1, "
-               "so it cannot act; it needs off-policy data (algo.num_iterations > 1, or a sampler of its own)")
-        clips = sorted(k for k in ("algo.clip_low", "algo.clip_high") if k in explicit)
-        if clips:
-            out.append(f"{' and '.join(clips)} set: {why}")
-        if a.dual_clip:
-            out.append(f"algo.dual_clip={a.dual_clip:g}: {why}")
-        corrections = sorted(k for k in explicit if k.startswith("algo.sampler_correction"))
-        if corrections:
-            out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
-                       "so the sampler-trainer correction is exactly 1 and cannot act")
-    if r.top_p < 1 or r.top_k:
-        what = " and ".join(x for x in (f"rollout.top_p={r.top_p:g}" if r.top_p < 1 else "",
-                                        f"rollout.top_k={r.top_k}" if r.top_k else "") if x)
-        out.append(f"{what}: completions are sampled from the truncated distribution but the loss's log-probs (the "
-                   "ratio, the KL, the sampler correction) come from the full one, so training is slightly "
-                   "off-policy (SPEC 11.7; huggingface/trl#6789); train with top_p=1 and top_k=0")
-    return out
-
-
-def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
-    """Every rule that involves more than one field, each with one clear error. `world_size`: the number of
-    processes (None: torchrun's WORLD_SIZE, or 1). `num_rewards`: how many Python reward functions replace
-    `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values."""
-    from grpo.envs import ENVIRONMENTS
-    from grpo.rewards import resolve_reward
-    from grpo.rollout import BACKENDS
-
-    world = world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    if not cfg.rewards:
-        raise ConfigError("rewards is empty; name at least one reward function")
-    for name in cfg.rewards:
-        resolve_reward(name, field="rewards")
-    resolve_reward(cfg.eval.reward, field="eval.reward")
-    if cfg.reward_weights is not None and len(cfg.reward_weights) != (num_rewards or len(cfg.rewards)):
-        given = (f"{num_rewards} reward functions are given" if num_rewards
-                 else f"rewards names {len(cfg.rewards)} functions")
-        raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but {given}; give one weight per "
-                          "function")
-    if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
-        raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="
-                          f"{cfg.rollout.max_new_tokens}; it must be at most max_new_tokens")
-    if "overlong" in cfg.rewards and cfg.overlong_buffer > cfg.rollout.max_new_tokens:
-        raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} is larger than rollout.max_new_tokens="
-                          f"{cfg.rollout.max_new_tokens}; the penalty ramps over the last overlong_buffer tokens")
-    if cfg.rollout.backend not in BACKENDS:
-        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} is not a rollout backend; choose one of "
-                          f"{', '.join(map(repr, BACKENDS))}")
-    if cfg.rollout.environment not in ENVIRONMENTS:
-        raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
-                          f"{', '.join(map(repr, ENVIRONMENTS))}")
-    if cfg.rollout.environment == "tools":
-        from grpo.envs.tool_calls import TOOL_PARSERS, load_tools
-        if not cfg.model.chat_template:
-            raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
-                              "model.chat_template=true")
-        if not cfg.tools.names:
-            raise ConfigError("tools.names is empty; name at least one tool for rollout.environment=tools")
-        load_tools(cfg.tools.names)  # each name imports (a parser registered in a tool's module is then known)
-        if cfg.tools.parser not in TOOL_PARSERS:
-            raise ConfigError(f"tools.parser={cfg.tools.parser!r} is not a tool-call parser; choose one of "
-                              f"{', '.join(map(repr, TOOL_PARSERS))}")
-        if "python" in cfg.tools.names and cfg.sandbox.timeout_s >= cfg.tools.timeout_s:
-            raise ConfigError(f"sandbox.timeout_s={cfg.sandbox.timeout_s:g} must be less than tools.timeout_s="
-                              f"{cfg.tools.timeout_s:g}, so that the python tool's executions end before its calls "
-                              "time out")
-        if "overlong" in cfg.rewards:
-            raise ConfigError("the overlong reward counts one completion's tokens against rollout.max_new_tokens; "
-                              "with rollout.environment=tools that is one turn, and the episode is longer: leave "
-                              "it out")
-    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        from grpo.rollout.vllm_engine import INSTALL
-        raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")
-    if cfg.algo.ref_sync_every and not cfg.algo.beta:
-        raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
-                          "loads none: set algo.beta > 0 or algo.ref_sync_every=0")
-    if cfg.algo.dual_clip and not cfg.algo.dual_clip > 1:
-        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} must be more than 1 (the surrogate of a token with "
-                          "Â < 0 is bounded at c·Â, c > 1), or 0 to turn it off")
-    if cfg.algo.dual_clip and cfg.algo.surrogate != "clip":
-        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} bounds PPO's clipped surrogate; algo.surrogate="
-                          f"{cfg.algo.surrogate} has none: set algo.dual_clip=0 or algo.surrogate=clip")
-    if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
-        raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
-                          f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")
-    if cfg.vllm.max_model_len and cfg.vllm.max_model_len <= cfg.rollout.max_new_tokens:
-        raise ConfigError(f"vllm.max_model_len={cfg.vllm.max_model_len} leaves no room for a prompt: it must be "
-                          f"more than rollout.max_new_tokens={cfg.rollout.max_new_tokens} (or 0, the model's)")
-    if cfg.lora.rank and cfg.lora.dropout:
-        raise ConfigError(f"lora.dropout={cfg.lora.dropout:g} is not supported: GRPO's ratio compares the training "
-                          "pass with the log-probs of the policy that sampled, and dropout in the training pass "
-                          "only would make them different networks; set lora.dropout=0")
-    if cfg.lora.rank and cfg.compute.sharding == "fsdp":
-        raise ConfigError("lora.rank > 0 with compute.sharding=fsdp is not supported; use compute.sharding=ddp")
-    if cfg.train.prompts_per_step % world:
-        raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number "
-                          f"of processes ({world})")
-    if cfg.train.overwrite and cfg.train.resume:
-        raise ConfigError(f"train.overwrite=true would delete the run that train.resume={cfg.train.resume!r} "
-                          "continues; give one of them")
-    if len(set(cfg.log.trackers)) < len(cfg.log.trackers):
-        raise ConfigError(f"log.trackers={cfg.log.trackers} names a tracker twice; name each at most once")
-    if cfg.optim.warmup_steps >= cfg.train.steps:
-        raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be less than train.steps="
-                          f"{cfg.train.steps}")
+def explicit_keys(cfg: Config) -> set[str]:
+    """The algo.* keys set on purpose (in a file, an override or `AlgoConfig(...)`), not filled in by the preset:
+    a setting that cannot act is worth a warning only when set on purpose."""
+    return {f"algo.{name}" for name in getattr(cfg.algo, "_given", ())}
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -553,26 +501,73 @@ def to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
 
 
-def describe_options() -> str:
-    """Every option with its type, default and help: `grpo train --help` prints this."""
-    lines = []
+# ---------------------------------------------------------------------------------------------------------
+# the options, for --help, the reference page and the resume rule
+
+def options() -> list[tuple[str, Any, Field]]:
+    """Every option as (dotted key, type, field), in the order of the sections."""
+    out = []
     for f in fields(Config):
-        if is_dataclass(_hint(Config, f.name)):
-            section = _hint(Config, f.name)
-            for g in fields(section):
-                lines.append(_describe(f"{f.name}.{g.name}", _hint(section, g.name), g))
+        section = _hint(Config, f.name)
+        if is_dataclass(section):
+            out += [(f"{f.name}.{g.name}", _hint(section, g.name), g) for g in fields(section)]
         else:
-            lines.append(_describe(f.name, _hint(Config, f.name), f))
-    return "\n".join(lines)
+            out.append((f.name, section, f))
+    return out
+
+
+def default_of(f: Field) -> Any:
+    """An option's declared default (for an algo.* option, the one the default preset leaves in place)."""
+    return f.metadata["default"]
+
+
+def help_of(f: Field, names: Mapping[str, Iterable[str]] | None = None) -> str:
+    """An option's help, the names of its registry in place of `{names}` (`names`: registry -> the names it holds,
+    `grpo.validate.registry_names()`; without it the registry is named)."""
+    text, registry = f.metadata["help"], f.metadata.get("names")
+    if registry is None:
+        return text
+    listed = (names or {}).get(registry)
+    return text.replace("{names}", ", ".join(map(repr, listed)) if listed is not None else f"the {registry} registered")
+
+
+def describe_options(names: Mapping[str, Iterable[str]] | None = None) -> str:
+    """Every option with its type, default and help: `grpo train --help` prints this (with `names`, see
+    `help_of`)."""
+    return "\n".join(f"  {key} ({_type_name(tp)}, default {default_of(f)!r})\n      {help_of(f, names)}"
+                     for key, tp, f in options())
+
+
+def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> tuple[list[str], list[str]]:
+    """The dotted keys that differ between a checkpoint's config and the current one, as "key: old -> new":
+    those a resume must refuse (every option declared resume="refused"), and those it allows at the cost of exact
+    rounding (resume="rounding"). A key the saved config lacks (written before the option existed) counts as its
+    value in `defaults`; one the current config lacks (an option since removed) is ignored."""
+    a, b = {**flatten(defaults or {}), **flatten(saved)}, flatten(current)
+    refused, rounding = [], []
+    for key in sorted(b):  # a key this version no longer has cannot change anything
+        kind = RESUME.get(key, "refused")
+        if a.get(key) == b.get(key) or kind == "free":
+            continue
+        (rounding if kind == "rounding" else refused).append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return refused, rounding
+
+
+def may_change() -> str:
+    """The keys a resume may change, for its error message; a section whose every key may change as `section.*`."""
+    out: list[str] = []
+    for kind in ("free", "rounding"):
+        for key in (k for k, c in RESUME.items() if c == kind):
+            section = key.rpartition(".")[0]
+            whole = section and all(c == kind for k, c in RESUME.items() if k.startswith(section + "."))
+            item = f"{section}.*" if whole else key
+            if item not in out:
+                out.append(item)
+    return ", ".join(out)
 
 
 # ---------------------------------------------------------------------------------------------------------
 # helpers
-
-def _describe(key: str, tp: Any, f) -> str:
-    default = f.default if f.default is not MISSING else f.default_factory()
-    return f"  {key} ({_type_name(tp)}, default {default!r})\n      {f.metadata['help']}"
-
 
 def _first_line(e: Exception) -> str:
     return " ".join(str(e).split())
@@ -594,7 +589,12 @@ def _field_names(cls) -> list[str]:
 
 
 def _hint(cls, name: str) -> Any:
-    return typing.get_type_hints(cls)[name]
+    return _hints(cls)[name]
+
+
+@functools.cache
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
 
 
 # keys that moved when TrainConfig was split by concern: an old config names them, and the error says where to
@@ -685,3 +685,9 @@ def _check_range(value: Any, meta: typing.Mapping, name: str) -> None:
     if broken:
         wanted = " and ".join(f"{sym} {meta[k]}" for k, (_, sym) in rules.items() if k in meta)
         raise ConfigError(f"{name}={value!r} is out of range; it must be {wanted}")
+
+
+# each option's resume class by dotted key (read by config_changes), and the keys a resume may change
+RESUME: dict[str, str] = {key: f.metadata["resume"] for key, _, f in options()}
+FREE = tuple(k for k, c in RESUME.items() if c == "free")
+ROUNDING = tuple(k for k, c in RESUME.items() if c == "rounding")

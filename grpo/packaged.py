@@ -30,8 +30,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.checkpoint import sha256_file
 from grpo.errors import DataError
+from grpo.rundir import sha256_file
 
 
 @dataclass(frozen=True)

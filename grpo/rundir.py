@@ -1,9 +1,12 @@
 """The run directory (`train.output_dir`): a new run claims it only if it holds no run yet, or when told to
 replace one (`train.overwrite`); a resume continues the run it holds. Nothing of a user's is touched without
-that instruction, and a directory that cannot be written is one clear error before anything runs."""
+that instruction, and a directory that cannot be written is one clear error before anything runs. Also the file
+helpers of what grpo writes (a directory replaced atomically, a file's checksum), shared by checkpoints, the
+final model and the packaged models' cache."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -51,6 +54,12 @@ def replace_dir(final: Path):
         os.rename(final, old)
     os.rename(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def discard_unstarted(out: Path) -> None:

@@ -18,17 +18,16 @@ import functools
 import random
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
 import yaml
 
 from grpo.budgets import max_episode_tokens, prompt_limit
-from grpo.checkpoint import (config_changes, find_checkpoint, load_checkpoint, may_change, resume_hint, rng_states,
-                             save_checkpoint)
+from grpo.checkpoint import find_checkpoint, load_checkpoint, resume_hint, rng_states, save_checkpoint
 from grpo.collect import Collector, collect, probe_rewards
-from grpo.config import Config, to_yaml, validate
+from grpo.config import Config, config_changes, may_change, to_yaml
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, wrap_for_training
 from grpo.envs import build_environment, prompt_formatter
@@ -41,7 +40,7 @@ from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
-from grpo.rewards import RewardFn, build_rewards, resolve_reward, reward_name
+from grpo.rewards import RewardFn, build_rewards, recorded_name, resolve_reward, reward_name
 from grpo.rundir import claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling
@@ -49,6 +48,7 @@ from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
 from grpo.tasks import load_task
 from grpo.tracking import check_installed
+from grpo.validate import validate_once
 
 
 @dataclass
@@ -79,10 +79,13 @@ class TrainState:
 
 
 def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
-    """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables."""
+    """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables (the run's config.yaml then
+    names them, `recorded_name`, and a resume with others is refused)."""
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
     dist = dist or Dist()
-    validate(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
+    validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
+    if rewards is not None:  # the run's config says which functions it was trained with
+        cfg = replace(cfg, rewards=[recorded_name(f) for f in rewards])
     if dist.is_main:
         check_installed(cfg.log.trackers)
     if cfg.compute.threads:

@@ -8,7 +8,8 @@ import dataclasses
 import typing
 from pathlib import Path
 
-from grpo.config import Config, _type_name
+from grpo.config import Config, _type_name, default_of, help_of
+from grpo.validate import registry_names
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
@@ -21,6 +22,7 @@ def render() -> str:
              "fills the `algo.*` fields first; keys set explicitly win. Unknown keys, wrong types and values out "
              "of range are errors that name the field and what is allowed.", ""]
     hints = typing.get_type_hints(Config)
+    names = registry_names()  # what `{names}` stands for in the help of an option that takes a registry's names
     top = []
     for f in dataclasses.fields(Config):
         tp = hints[f.name]
@@ -28,17 +30,16 @@ def render() -> str:
             lines += [f"## `{f.name}`", "", "| key | type | default | meaning |", "|---|---|---|---|"]
             sub = typing.get_type_hints(tp)
             for g in dataclasses.fields(tp):
-                lines.append(_row(f"{f.name}.{g.name}", sub[g.name], g))
+                lines.append(_row(f"{f.name}.{g.name}", sub[g.name], g, names))
             lines.append("")
         else:
-            top.append(_row(f.name, tp, f))
+            top.append(_row(f.name, tp, f, names))
     lines += ["## Top level", "", "| key | type | default | meaning |", "|---|---|---|---|", *top, ""]
     return "\n".join(lines)
 
 
-def _row(key, tp, f) -> str:
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    return f"| `{key}` | {_type_name(tp).replace('|', '/')} | `{default!r}` | {f.metadata['help']} |"
+def _row(key, tp, f, names) -> str:
+    return f"| `{key}` | {_type_name(tp).replace('|', '/')} | `{default_of(f)!r}` | {help_of(f, names)} |"
 
 
 if __name__ == "__main__":

@@ -137,7 +137,7 @@ def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int |
             fn = make_code_reward(sandbox_limits)
         if name == "overlong" and tokenizer is not None and max_new_tokens:
             from grpo.rewards.math_answers import make_overlong_penalty
-            buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (config.validate)
+            buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (grpo.validate)
 
             def tokens(text: str) -> int:
                 return len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -159,6 +159,13 @@ def resolve_reward(name: str, *, field: str = "rewards") -> RewardFn:
 
 def reward_name(fn: RewardFn) -> str:
     return getattr(fn, "__name__", type(fn).__name__)
+
+
+def recorded_name(fn: RewardFn) -> str:
+    """How a reward function given from Python is named in its run's config (`rewards`): 'module:qualname', which
+    `rewards` imports again when the function is defined at the top level of an importable module."""
+    named = fn if hasattr(fn, "__qualname__") else type(fn)  # a callable object: its class
+    return f"{getattr(named, '__module__', None) or type(fn).__module__}:{named.__qualname__}"
 
 
 def _culprit(fn: RewardFn, prompts, completions, fields) -> int | None:

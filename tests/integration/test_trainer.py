@@ -121,6 +121,27 @@ def test_python_reward_callables(tmp_path, random_model_dir):
     assert rows[1]["reward/always_one"] == 1.0 and rows[1]["adv/std_zero_frac"] == 1.0
 
 
+def test_a_run_config_names_its_python_rewards_and_a_resume_refuses_others(tmp_path, random_model_dir):
+    import yaml
+
+    from grpo.errors import ConfigError
+    from tests.integration.rewards import odd_length, starts_below_digits
+
+    out = tmp_path / "r"
+    cfg = load_config(None, [f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST, "train.steps=1",
+                             "train.save_every=1"])
+    train(cfg, rewards=[odd_length])
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert saved["rewards"] == ["tests.integration.rewards:odd_length"]  # not the config's default last_number
+    assert load_config(out / "config.yaml").rewards == saved["rewards"]  # it loads back, naming the same function
+    cfg.train.steps, cfg.train.resume = 2, "auto"
+    with pytest.raises(ConfigError) as e:
+        train(cfg, rewards=[starts_below_digits])
+    assert ("rewards: ['tests.integration.rewards:odd_length'] -> ['tests.integration.rewards:starts_below_digits']"
+            in str(e.value)) and "\n" not in str(e.value)
+    assert train(cfg, rewards=[odd_length]).steps_done == 2  # the same function continues the run
+
+
 def test_dynamic_sampling_replaces_zero_variance_groups_in_training(tmp_path, random_model_dir):
     from tests.integration.rewards import starts_below_digits
 

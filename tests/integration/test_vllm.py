@@ -171,7 +171,7 @@ def test_an_engine_call_that_does_not_answer_times_out():
 def test_without_vllm_the_error_names_the_install_command(monkeypatch):
     import importlib.util
 
-    from grpo.config import validate
+    from grpo.validate import validate
 
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(ConfigError, match=r"pip install -e '\.\[vllm\]'"):
@@ -185,7 +185,7 @@ def test_without_vllm_the_error_names_the_install_command(monkeypatch):
 
 
 def test_config_names_the_backend():
-    from grpo.config import validate
+    from grpo.validate import validate
     validate(Config())  # hf
     cfg = Config()
     cfg.rollout.backend = "vllm"

@@ -211,3 +211,104 @@ def test_a_preset_given_over_a_file_that_sets_its_fields_says_which_keys_win():
         load_config(CONFIG_DIR / "tiny.yaml", ["algo.preset=dapo"])                 # the same value: nothing to say
         load_config(CONFIG_DIR / "tiny.yaml", ["algo.preset=gspo", "algo.dynamic_sampling=false"])
         load_config(CONFIG_DIR / "presets" / "grpo.yaml", ["algo.preset=gspo"])    # the file sets no preset field
+
+
+def test_a_preset_applies_however_the_config_is_built():
+    from grpo.algo.presets import preset_values
+    from grpo.config import AlgoConfig
+
+    for name in PRESETS:
+        built = Config(algo=AlgoConfig(preset=name))
+        assert built.to_dict() == load_config(None, [f"algo.preset={name}"]).to_dict(), name
+        assert {k: getattr(built.algo, k) for k in preset_values(name)} == preset_values(name), name
+    assert Config().to_dict() == load_config().to_dict()
+    # a key given wins over the preset, even one equal to the default preset's value
+    given = AlgoConfig(preset="dapo", clip_high=0.3, beta=0.04)
+    assert (given.clip_high, given.beta, given.aggregation, given.dynamic_sampling) == (0.3, 0.04, "token_mean", True)
+    with pytest.raises(ConfigError, match="algo.preset='ppo' is not allowed; choose one of 'grpo', 'dr_grpo'"):
+        AlgoConfig(preset="ppo")
+
+
+def test_every_value_a_preset_sets_is_an_algo_option():
+    from grpo.algo.presets import preset_values
+    from grpo.config import AlgoConfig
+
+    options = {f.name for f in dataclasses.fields(AlgoConfig)}
+    for name in PRESETS:
+        assert set(preset_values(name)) <= options, name
+
+
+def test_traps_flag_only_what_was_set_on_purpose_however_the_config_is_built():
+    from grpo.config import AlgoConfig
+    from grpo.validate import traps
+
+    assert traps(Config(algo=AlgoConfig(preset="dapo"))) == []  # dapo's clip-higher comes with the preset
+    assert [m for m in traps(Config(algo=AlgoConfig(preset="dapo", clip_high=0.28))) if "algo.clip_high set" in m]
+    assert [m for m in traps(load_config(None, ["algo.preset=dapo", "algo.clip_high=0.28"]))
+            if "algo.clip_high set" in m]
+
+
+def test_each_run_validates_its_config_once(monkeypatch):
+    import warnings
+
+    import grpo.cli
+    import grpo.trainer
+    import grpo.validate
+
+    calls = []
+    real = grpo.validate.validate
+    monkeypatch.setattr(grpo.validate, "validate", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    class Stop(ConfigError):
+        pass
+
+    def stop(*_):  # train() has validated (its first step) and goes on to build: stop it there
+        raise Stop("stopped after validation")
+
+    monkeypatch.setattr(grpo.trainer, "check_installed", stop)
+    cfg = load_config()
+    with pytest.raises(Stop):
+        grpo.trainer.train(cfg)
+    assert len(calls) == 1  # at load, not again in train()
+    cfg.train.steps = 5     # changed since it was loaded, or built in Python: train() validates it
+    with pytest.raises(Stop):
+        grpo.trainer.train(cfg)
+    with pytest.raises(Stop):
+        grpo.trainer.train(Config())
+    assert len(calls) == 3
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets them: restored after
+    monkeypatch.setattr(grpo.cli.threading, "excepthook", grpo.cli.threading.excepthook)
+    for command in ("eval", "sample"):
+        monkeypatch.setattr(grpo.cli, f"_{command}", lambda cfg, args: 0)
+    for command, status in (("train", 2), ("eval", 0), ("sample", 0)):
+        calls.clear()
+        assert grpo.cli.main([command, "train.steps=3"]) == status
+        assert len(calls) == 1, command
+
+
+def test_help_and_docs_list_the_names_registered(monkeypatch, capsys):
+    import runpy
+
+    import grpo.cli
+    import grpo.validate
+    from grpo.config import options
+
+    for key, _, f in options():  # every option that takes a registry's names shows them
+        if "names" in f.metadata:
+            assert f.metadata["names"] in grpo.validate.registry_names() and "{names}" in f.metadata["help"], key
+    monkeypatch.setitem(grpo.validate.BACKENDS, "my_engine", grpo.validate.BACKENDS["hf"])
+    monkeypatch.setitem(grpo.validate.ENVIRONMENTS, "my_env", grpo.validate.ENVIRONMENTS["single_turn"])
+    monkeypatch.setitem(grpo.validate.TOOL_PARSERS, "my_format", grpo.validate.TOOL_PARSERS["qwen"])
+    monkeypatch.setitem(grpo.validate.TOOLS, "my_tool", grpo.validate.TOOLS["calculator"])
+    monkeypatch.setitem(grpo.validate.REWARDS, "my_reward", grpo.validate.REWARDS["last_number"])
+    with pytest.raises(SystemExit):
+        grpo.cli.main(["train", "--help"])
+    text = capsys.readouterr().out
+    docs = runpy.run_path(str(CONFIG_DIR.parents[1] / "scripts" / "gen_config_docs.py"))["render"]()
+    for shown in (text, docs):
+        assert "a name in grpo.rollout.BACKENDS ('hf', 'vllm', 'my_engine')" in shown
+        assert "('single_turn', 'tools', 'my_env')" in shown
+        assert "('qwen', 'pythonic', 'my_format'; register_parser adds one)" in shown
+        assert "built-in ('calculator', 'python', 'my_tool')" in shown
+        assert "'final_number', 'code', 'my_reward') or 'module:function'" in shown
+    assert "the rollout backends registered" in describe_options()  # without the registries: named, not listed

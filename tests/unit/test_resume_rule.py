@@ -1,8 +1,8 @@
-"""What a resume may change (grpo/checkpoint.py): every key except a short list of harmless ones is refused."""
+"""What a resume may change (each option's resume class, grpo/config.py): every key except a short list of harmless
+ones is refused."""
 import pytest
 
-from grpo.checkpoint import FREE, ROUNDING, config_changes, may_change
-from grpo.config import Config, flatten, load_config
+from grpo.config import FREE, ROUNDING, Config, config_changes, flatten, load_config, may_change
 
 DEFAULTS = Config().to_dict()
 
@@ -47,9 +47,26 @@ def test_memory_and_thread_keys_change_only_rounding(override):
 
 def test_every_listed_key_exists_and_is_named_in_the_error():
     keys = flatten(DEFAULTS)
-    for pattern in FREE + ROUNDING:  # a misspelt entry would leave its key refused, or allow nothing
-        assert any(k == pattern or (pattern.endswith(".") and k.startswith(pattern)) for k in keys), pattern
-        assert pattern.rstrip(".") in may_change()
+    named = may_change().split(", ")
+    for key in FREE + ROUNDING:  # each option declares its class (grpo/config.py: opt(..., resume=...))
+        assert key in keys, key
+        assert key in named or f"{key.rpartition('.')[0]}.*" in named, key
+    assert named[0] == "train.steps" and "log.*" in named
+
+
+# the rule as key patterns, before each option declared its class: the declarations give the same keys
+PATTERNS = {"free": ("train.steps", "train.save_every", "train.keep_last", "train.resume", "train.overwrite",
+                     "train.output_dir", "train.max_nonfinite_steps", "eval.every", "log.", "vllm.timeout_s"),
+            "rounding": ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads",
+                         "compute.sharding", "model.gradient_checkpointing", "vllm.gpu_memory_utilization",
+                         "vllm.kv_cache_gib")}
+
+
+def test_the_declared_classes_are_the_rule_as_it_was():
+    def matching(patterns):
+        return {k for k in flatten(DEFAULTS) if any(k == p or (p.endswith(".") and k.startswith(p)) for p in patterns)}
+
+    assert set(FREE) == matching(PATTERNS["free"]) and set(ROUNDING) == matching(PATTERNS["rounding"])
 
 
 def test_a_key_the_checkpoint_lacks_counts_as_its_default():

@@ -1,0 +1,171 @@
+"""Cross-field validation and the load warnings of a `grpo.config.Config`: each rule that involves several
+options or a registry (rollout backends, environments, rewards, tools) has one clear error, and each known trap
+(a combination that runs but is a mistake) one warning.
+
+`validate_once` runs them once per configuration: `load_config` calls it on every config it loads (through
+`grpo.config.LOAD_CHECKS`, which this module fills when imported), and `train` calls it again, which checks only a
+config built or changed in Python since. The module also gives the registries' names to whoever shows the options'
+help (`registry_names`). It stands above the registries it reads; grpo.config imports none of them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+from grpo.config import LOAD_CHECKS, Config, explicit_keys
+from grpo.envs import ENVIRONMENTS
+from grpo.errors import ConfigError
+from grpo.rewards import REWARDS, resolve_reward
+from grpo.rollout import BACKENDS
+from grpo.envs.tool_calls import TOOL_PARSERS, TOOLS, load_tools
+
+
+def validate_once(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
+    """`validate`, and a warning for each of the `traps`, unless this config was validated already as it is now
+    and for as many processes (`load_config` validates; `train` then only checks Python reward functions,
+    `num_rewards`, against reward_weights). A config changed since, or built in Python, is validated."""
+    world, content = _world(world_size), cfg.to_dict()
+    done = getattr(cfg, "_validated", None)  # (world size, the config as it was validated)
+    if done == (world, content):
+        if num_rewards is not None:
+            _check_reward_weights(cfg, num_rewards)
+        return
+    validate(cfg, world, num_rewards=num_rewards)
+    if done is None or done[1] != content:  # the same config on another number of processes has the same traps
+        for message in traps(cfg):
+            warnings.warn(message, stacklevel=2)
+    cfg._validated = (world, content)
+
+
+def registry_names() -> dict[str, list[str]]:
+    """The names each registry holds now, by the registry an option names (`opt(..., names=...)`): what
+    `{names}` stands for in its help (`grpo.config.describe_options`, docs/configuration.md)."""
+    return {"rollout backends": list(BACKENDS), "environments": list(ENVIRONMENTS),
+            "tool-call parsers": list(TOOL_PARSERS), "tools": list(TOOLS), "rewards": list(REWARDS)}
+
+
+def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
+    """Combinations that run but are known mistakes, each as the warning `validate_once` gives once. `explicit`:
+    the dotted keys the user set (default: `grpo.config.explicit_keys(cfg)`); a setting that cannot act is flagged
+    only when set on purpose (not by a preset, such as dapo's clip-higher, which acts as soon as the data are
+    off-policy)."""
+    explicit = explicit_keys(cfg) if explicit is None else explicit
+    a, r = cfg.algo, cfg.rollout
+    out = []
+    if a.ratio_level == "sequence" and a.aggregation == "token_mean":
+        out.append("algo.ratio_level=sequence (GSPO) with algo.aggregation=token_mean weights each sequence by its "
+                   "length, while GSPO's objective is a mean over sequences (its paper, and verl, which forces "
+                   "seq_mean): use algo.aggregation=seq_mean")
+    if a.num_iterations == 1 and r.backend == "hf":  # no off-policy data: the ratio is exactly 1 (docs/training.md)
+        why = ("with algo.num_iterations=1 and the in-process sampler (rollout.backend=hf) every ratio is exactly 1, "
+               "so it cannot act; it needs off-policy data (algo.num_iterations > 1, or a sampler of its own)")
+        clips = sorted(k for k in ("algo.clip_low", "algo.clip_high") if k in explicit)
+        if clips:
+            out.append(f"{' and '.join(clips)} set: {why}")
+        if a.dual_clip:
+            out.append(f"algo.dual_clip={a.dual_clip:g}: {why}")
+        corrections = sorted(k for k in explicit if k.startswith("algo.sampler_correction"))
+        if corrections:
+            out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
+                       "so the sampler-trainer correction is exactly 1 and cannot act")
+    if r.top_p < 1 or r.top_k:
+        what = " and ".join(x for x in (f"rollout.top_p={r.top_p:g}" if r.top_p < 1 else "",
+                                        f"rollout.top_k={r.top_k}" if r.top_k else "") if x)
+        out.append(f"{what}: completions are sampled from the truncated distribution but the loss's log-probs (the "
+                   "ratio, the KL, the sampler correction) come from the full one, so training is slightly "
+                   "off-policy (SPEC 11.7; huggingface/trl#6789); train with top_p=1 and top_k=0")
+    return out
+
+
+def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
+    """Every rule that involves more than one field, each with one clear error. `world_size`: the number of
+    processes (None: torchrun's WORLD_SIZE, or 1). `num_rewards`: how many Python reward functions replace
+    `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values."""
+    world = _world(world_size)
+    if not cfg.rewards:
+        raise ConfigError("rewards is empty; name at least one reward function")
+    for name in cfg.rewards:
+        resolve_reward(name, field="rewards")
+    resolve_reward(cfg.eval.reward, field="eval.reward")
+    _check_reward_weights(cfg, num_rewards)
+    if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
+        raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="
+                          f"{cfg.rollout.max_new_tokens}; it must be at most max_new_tokens")
+    if "overlong" in cfg.rewards and cfg.overlong_buffer > cfg.rollout.max_new_tokens:
+        raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} is larger than rollout.max_new_tokens="
+                          f"{cfg.rollout.max_new_tokens}; the penalty ramps over the last overlong_buffer tokens")
+    if cfg.rollout.backend not in BACKENDS:
+        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} is not a rollout backend; choose one of "
+                          f"{', '.join(map(repr, BACKENDS))}")
+    if cfg.rollout.environment not in ENVIRONMENTS:
+        raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
+                          f"{', '.join(map(repr, ENVIRONMENTS))}")
+    if cfg.rollout.environment == "tools":
+        if not cfg.model.chat_template:
+            raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
+                              "model.chat_template=true")
+        if not cfg.tools.names:
+            raise ConfigError("tools.names is empty; name at least one tool for rollout.environment=tools")
+        load_tools(cfg.tools.names)  # each name imports (a parser registered in a tool's module is then known)
+        if cfg.tools.parser not in TOOL_PARSERS:
+            raise ConfigError(f"tools.parser={cfg.tools.parser!r} is not a tool-call parser; choose one of "
+                              f"{', '.join(map(repr, TOOL_PARSERS))}")
+        if "python" in cfg.tools.names and cfg.sandbox.timeout_s >= cfg.tools.timeout_s:
+            raise ConfigError(f"sandbox.timeout_s={cfg.sandbox.timeout_s:g} must be less than tools.timeout_s="
+                              f"{cfg.tools.timeout_s:g}, so that the python tool's executions end before its calls "
+                              "time out")
+        if "overlong" in cfg.rewards:
+            raise ConfigError("the overlong reward counts one completion's tokens against rollout.max_new_tokens; "
+                              "with rollout.environment=tools that is one turn, and the episode is longer: leave "
+                              "it out")
+    if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        from grpo.rollout.vllm_engine import INSTALL
+        raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")
+    if cfg.algo.ref_sync_every and not cfg.algo.beta:
+        raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
+                          "loads none: set algo.beta > 0 or algo.ref_sync_every=0")
+    if cfg.algo.dual_clip and not cfg.algo.dual_clip > 1:
+        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} must be more than 1 (the surrogate of a token with "
+                          "Â < 0 is bounded at c·Â, c > 1), or 0 to turn it off")
+    if cfg.algo.dual_clip and cfg.algo.surrogate != "clip":
+        raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} bounds PPO's clipped surrogate; algo.surrogate="
+                          f"{cfg.algo.surrogate} has none: set algo.dual_clip=0 or algo.surrogate=clip")
+    if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
+        raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
+                          f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")
+    if cfg.vllm.max_model_len and cfg.vllm.max_model_len <= cfg.rollout.max_new_tokens:
+        raise ConfigError(f"vllm.max_model_len={cfg.vllm.max_model_len} leaves no room for a prompt: it must be "
+                          f"more than rollout.max_new_tokens={cfg.rollout.max_new_tokens} (or 0, the model's)")
+    if cfg.lora.rank and cfg.lora.dropout:
+        raise ConfigError(f"lora.dropout={cfg.lora.dropout:g} is not supported: GRPO's ratio compares the training "
+                          "pass with the log-probs of the policy that sampled, and dropout in the training pass "
+                          "only would make them different networks; set lora.dropout=0")
+    if cfg.lora.rank and cfg.compute.sharding == "fsdp":
+        raise ConfigError("lora.rank > 0 with compute.sharding=fsdp is not supported; use compute.sharding=ddp")
+    if cfg.train.prompts_per_step % world:
+        raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number "
+                          f"of processes ({world})")
+    if cfg.train.overwrite and cfg.train.resume:
+        raise ConfigError(f"train.overwrite=true would delete the run that train.resume={cfg.train.resume!r} "
+                          "continues; give one of them")
+    if len(set(cfg.log.trackers)) < len(cfg.log.trackers):
+        raise ConfigError(f"log.trackers={cfg.log.trackers} names a tracker twice; name each at most once")
+    if cfg.optim.warmup_steps >= cfg.train.steps:
+        raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be less than train.steps="
+                          f"{cfg.train.steps}")
+
+
+def _check_reward_weights(cfg: Config, num_rewards: int | None) -> None:
+    if cfg.reward_weights is not None and len(cfg.reward_weights) != (num_rewards or len(cfg.rewards)):
+        given = (f"{num_rewards} reward functions are given" if num_rewards
+                 else f"rewards names {len(cfg.rewards)} functions")
+        raise ConfigError(f"reward_weights has {len(cfg.reward_weights)} values but {given}; give one weight per "
+                          "function")
+
+
+def _world(world_size: int | None) -> int:
+    return world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1"))
+
+
+LOAD_CHECKS.append(validate_once)
