@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
-from grpo.algo.presets import PRESETS
+from grpo.algo.presets import preset_values
 from grpo.errors import ConfigError
 
 
@@ -372,7 +372,7 @@ def _preset_under_file_keys(path, in_file: dict, preset: str, given: set[str]) -
     preset alone; say so, once."""
     if "algo.preset" not in given:
         return None
-    own = asdict(PRESETS[preset])
+    own = preset_values(preset)
     differ = sorted(k for k, v in in_file.items()
                     if k != "preset" and k in own and f"algo.{k}" not in given and v != own[k])
     if not differ:
@@ -410,7 +410,7 @@ def from_dict(raw: dict) -> Config:
     if isinstance(algo, dict):
         preset = algo.get("preset", AlgoConfig.preset)
         _coerce(preset, _hint(AlgoConfig, "preset"), "algo.preset")
-        base = {k: v for k, v in asdict(PRESETS[preset]).items() if k in _field_names(AlgoConfig)}
+        base = {k: v for k, v in preset_values(preset).items() if k in _field_names(AlgoConfig)}
         raw["algo"] = {**base, **algo}
     cfg = _build(Config, raw, "")
     validate(cfg)

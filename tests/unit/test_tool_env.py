@@ -15,6 +15,8 @@ from grpo.tasks import Example, load_builtin_task
 from grpo.tiny import build_char_tokenizer, build_tool_tokenizer, tiny_model_config
 from grpo.tools import Tool, load_tools
 
+from algo_specs import loss_spec
+
 TOK = build_tool_tokenizer()
 EOS = TOK.eos_token_id
 
@@ -182,9 +184,9 @@ def test_environment_tokens_get_no_gradient(random_tool_model):
     logp.retain_grad()
     adv = torch.tensor([[1.0], [-0.5]]).expand_as(logp).contiguous()
     ref = logp.detach() + 0.3 * torch.randn_like(logp)
-    loss, _ = policy_loss(logp, logp.detach(), adv, r.loss_mask, ref_logp=ref, beta=0.04, clip_low=0.2,
-                          clip_high=0.2, ratio_level="token", aggregation="seq_mean", normalizer=2.0,
-                          max_completion_length=80, kl_kind="k3")
+    spec = loss_spec(80, beta=0.04, clip_low=0.2, clip_high=0.2, ratio_level="token", aggregation="seq_mean",
+                     kl_kind="k3")
+    loss, _ = policy_loss(logp, logp.detach(), adv, r.loss_mask, spec, ref_logp=ref, normalizer=2.0)
     loss.backward()
     inserted = (r.completion_mask == 1) & (r.loss_mask == 0)
     assert inserted.sum() > 0
