@@ -77,9 +77,10 @@ def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
 
 
 def _quarters(exp: Experience, parts) -> list[tuple[list[torch.Tensor], list[int]]]:
-    """Each micro-batch's loss tokens by quarter of their completion (`grpo.algo.entropy`): the flat positions
-    and the counts, the counts of every micro-batch brought to the host at once, for the whole step."""
-    quarters = [position_quarters(exp.loss_mask[rows, ccols]) for rows, _, ccols in parts]
+    """Each micro-batch's loss tokens by quarter of their episode (`grpo.algo.entropy`): the flat positions and
+    the counts, the counts of every micro-batch brought to the host at once, for the whole step."""
+    quarters = [position_quarters(exp.loss_mask[rows, ccols], exp.completion_mask[rows, ccols])
+                for rows, _, ccols in parts]
     counts = torch.stack([quarter_counts(q) for q in quarters]).tolist() if parts else []
     return [(quarter_index(q, n), n) for q, n in zip(quarters, counts)]
 

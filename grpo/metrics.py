@@ -228,14 +228,17 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     # the sums over the loss tokens (the policy loss's means × tokens, the mismatch figures) become means
     m.update({k: v / tokens if tokens else float("nan") for k, v in u.items() if k not in _NOT_PER_TOKEN
               and not k.startswith("entropy")})
-    # the policy's entropy at the sampling temperature, over the loss tokens, and by quarter of each completion
+    # the policy's entropy at the sampling temperature, over the loss tokens, and over those in each quarter of
+    # their episode
     m["entropy/mean"] = u["entropy"] / tokens if tokens else float("nan")
     for q in range(1, QUARTERS + 1):
         n = u[f"entropy/q{q}_tokens"]
         m[f"entropy/q{q}"] = u[f"entropy/q{q}"] / n if n else float("nan")
     m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
     m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
-    m["completion/mean_length"] = lengths.mean().item()
+    m["completion/mean_length"] = lengths.mean().item()  # episode tokens: in multi-turn ones, tool results too
+    if exp.episodes is not None:  # the model's own tokens, those the loss trains on
+        m["completion/mean_loss_tokens"] = dist.gather(exp.loss_mask.sum(1).float().cpu()).mean().item()
     m["completion/truncated_frac"] = dist.gather(exp.truncated.float().cpu()).mean().item()
     m["lr"] = lr
     m.update(exp.stats)
@@ -243,7 +246,7 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
         m.update(episode_metrics(exp.episodes, dist))
     m["perf/step_seconds"] = seconds
     m["perf/rollout_seconds"] = rollout_seconds
-    m["perf/completion_tokens"] = lengths.sum().item()
+    m["perf/completion_tokens"] = lengths.sum().item()  # episode tokens, as completion/mean_length
     m["perf/tokens_per_s"] = lengths.sum().item() / max(seconds, 1e-9)
     return m
 

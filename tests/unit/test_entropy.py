@@ -65,7 +65,7 @@ def test_threshold_and_mask_spec_13_5():
 def test_entropy_figures_by_quarter():
     ent = torch.tensor([[1.0, 2.0, 3.0, 4.0, 9.0], [5.0, 6.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
-    quarters = position_quarters(mask)
+    quarters = position_quarters(mask, mask)  # single completions: every episode token is in the loss
     counts = quarter_counts(quarters).tolist()
     f = entropy_figures(ent, mask, quarter_index(quarters, counts))
     assert f["entropy"] == 21.0
@@ -73,6 +73,21 @@ def test_entropy_figures_by_quarter():
     assert [f[f"entropy/q{k}"] for k in range(1, 5)] == [6.0, 2.0, 9.0, 4.0]
     assert counts == [2, 1, 2, 1]
     assert all(v.dtype == torch.float64 for v in f.values())  # sums that stay on the device
+
+
+def test_entropy_quarters_of_a_tool_episode_are_quarters_of_the_episode():
+    # an episode of 8 tokens whose tokens 2-5 a tool inserted: the model's tokens 0, 1 are in the first quarter
+    # of the episode and 6, 7 in the last; quarters 2 and 3 hold no loss token (their mean is logged as null)
+    ent = torch.tensor([[1.0, 2.0, 9.0, 9.0, 9.0, 9.0, 3.0, 5.0]])
+    episode = torch.ones(1, 8, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0, 1, 1]])
+    quarters = position_quarters(mask, episode)
+    counts = quarter_counts(quarters).tolist()
+    f = entropy_figures(ent, mask, quarter_index(quarters, counts))
+    assert counts == [2, 0, 0, 2]  # by share of the 4 loss tokens it would be 1, 1, 0, 2
+    assert [f[f"entropy/q{k}"].item() for k in range(1, 5)] == [3.0, 0.0, 0.0, 8.0]
+    assert f["entropy/q1"] / counts[0] == 1.5 and f["entropy/q4"] / counts[3] == 4.0  # the means per quarter
+    assert f["entropy"] == 11.0
 
 
 def test_bad_keep():

@@ -1,7 +1,8 @@
 """The loss mask and the normaliser inside a real update (`grpo.learn.learn`), on rows whose loss mask is not their
 episode mask: tokens a tool inserted into an episode, and truncated rows `algo.mask_truncated` leaves out. The
 learner must take the normaliser's token count from the loss mask and hand the loss mask to the loss; either one
-switched to the completion (episode) mask would train on tool output or dilute the loss, and these numbers move."""
+switched to the completion (episode) mask would train on tool output or dilute the loss, and these numbers move.
+Also the figures that count tokens: the entropy by quarter of the episode, the completion lengths."""
 import copy
 
 import pytest
@@ -10,8 +11,10 @@ import torch
 from grpo.collect import collect
 from grpo.config import ModelConfig
 from grpo.distributed import Dist
+from grpo.envs.base import Episode
 from grpo.experience import Experience
 from grpo.learn import Learner, learn
+from grpo.metrics import step_metrics
 from grpo.models import load_model
 from grpo.policy import LogprobModule
 from grpo.rewards import last_number
@@ -99,3 +102,30 @@ def test_tokens_outside_the_loss_get_no_gradient(setup, make):
         loud, loud_weights = run(model, shouted, aggregation)
         assert loud["loss"] == update["loss"]
         assert torch.equal(loud_weights, weights)
+
+
+def test_entropy_quarters_are_quarters_of_the_episode(setup):
+    # episodes of 6 tokens: position t is in quarter ⌊4t/6⌋ + 1, so positions 0-1, 2, 3-4, 5 in quarters 1-4;
+    # row 0's loss tokens 0, 1, 4, 5, row 2's 0 and 5, rows 1 and 3 all six
+    exp, model = setup
+    update, _ = run(model, with_tools(exp), "token_mean")
+    assert [update[f"entropy/q{k}_tokens"] for k in range(1, 5)] == [7, 2, 5, 4]
+    assert sum(update[f"entropy/q{k}_tokens"] for k in range(1, 5)) == update["tokens"]
+
+
+def test_length_figures_say_which_tokens_they_count(setup):
+    exp, model = setup
+    tools = with_tools(exp)
+    update, _ = run(model, tools, "token_mean")
+    figures = lambda e: step_metrics(e, [update], Dist(), group_size=2, seconds=2.0, rollout_seconds=1.0,  # noqa
+                                     lr=0.1)
+    single = figures(tools)
+    assert single["completion/mean_length"] == 6.0  # the episode's tokens
+    assert "completion/mean_loss_tokens" not in single  # single completions: the same count (the default job)
+    episodes = [Episode([], [], turns=2, tool_calls=1) for _ in range(len(tools))]
+    multi = figures(Experience(**{**tools.__dict__, "episodes": episodes}))
+    assert multi["completion/mean_length"] == 6.0 and multi["completion/mean_loss_tokens"] == 18 / 4
+    assert multi["perf/completion_tokens"] == 24 and multi["perf/tokens_per_s"] == 12.0
+    # the entropy by quarter is the mean over the loss tokens in each quarter of the episode
+    for k, n in zip(range(1, 5), [7, 2, 5, 4]):
+        assert multi[f"entropy/q{k}"] == pytest.approx(update[f"entropy/q{k}"] / n)
