@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import compute_advantages, informative_groups, process_advantages
+from grpo.algo import AdvantageSpec, compute_advantages, informative_groups, process_advantages
 from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.envs import Environment
@@ -242,7 +242,7 @@ def _experience(c: Collector, s: _Scored, dist: Dist, *, everyone: bool, stats: 
         both = dist.gather(torch.cat([s.scores.total, s.scores.outcome])).view(dist.world_size, 2, n)
         all_rewards, outcome = both[:, 0].reshape(-1), both[:, 1].reshape(-1)
     # outcome advantages from every process's rewards (0 where no outcome reward applies), then this process's
-    out = compute_advantages(outcome, g, scale=c.scale, std=c.std, eps=c.eps)[dist.rank * n:(dist.rank + 1) * n]
+    out = compute_advantages(outcome, g, AdvantageSpec.from_algo(c))[dist.rank * n:(dist.rank + 1) * n]
     if everyone:
         s = _select(s, range(dist.rank * n, (dist.rank + 1) * n))
     r = s.rollout
@@ -250,6 +250,6 @@ def _experience(c: Collector, s: _Scored, dist: Dist, *, everyone: bool, stats: 
     adv = torch.zeros(n, width, dtype=torch.float32, device=r.completion_ids.device)
     adv += out.to(adv.device).unsqueeze(1)
     if (s.step_ends >= 0).any():  # groups never span processes: the pooled statistics are each group's own
-        adv += process_advantages(s.step_rewards, s.step_ends, g, width, std=c.std, eps=c.eps).to(adv.device)
+        adv += process_advantages(s.step_rewards, s.step_ends, g, width, AdvantageSpec.from_algo(c)).to(adv.device)
     return Experience.from_rollout(r, s.examples, adv, s.scores.total, s.scores.per_fn, all_rewards,
                                    mask_truncated=c.mask_truncated, stats=stats)

@@ -1,12 +1,17 @@
 """Loop steps 5–7, `Experience` → policy updates: the step-wide loss normaliser, reference and old log-probs
 without gradients, then μ updates, each accumulating gradients over micro-batches (SPEC 9 and 12).
 
-Nothing here branches on a variant: the algorithm's choices are the values handed to `grpo.algo.policy_loss`
-and `loss_normalizer`. The per-token advantages and the loss mask come from the Experience as they are.
-When the sampler is an engine of its own (vLLM), `Experience.sampler_logp` holds its log-probs and the policy
-term is weighted by the sampler–trainer correction `grpo.algo.sampler_weights` (SPEC 13.1), with the trainer's
-old log-probs (the weights the sampler was given) against the sampler's. The in-process generator reports none:
-its log-probs are the trainer's own, so the weight is exactly 1 and nothing is computed.
+Nothing here branches on a variant: the algorithm's choices are one `grpo.algo.LossSpec`, handed as it is to
+`grpo.algo.policy_loss`, `loss_normalizer` and `sampler_weights`. The per-token advantages and the loss mask come
+from the Experience as they are. When the sampler is an engine of its own (vLLM), `Experience.sampler_logp` holds
+its log-probs and the policy term is weighted by the sampler–trainer correction `grpo.algo.sampler_weights`
+(SPEC 13.1), with the trainer's old log-probs (the weights the sampler was given) against the sampler's. The
+in-process generator reports none: its log-probs are the trainer's own, so the weight is exactly 1 and nothing is
+computed.
+
+Nothing in the micro-batch loop waits for the device: the figures are summed as float64 tensors where they are
+computed (in the order the micro-batches come, so the sums are those of adding their values one by one) and come
+to the host once per update, with the gradient norm that decides whether the update is applied.
 """
 from __future__ import annotations
 
@@ -16,7 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import entropy_figures, entropy_threshold, loss_normalizer, policy_loss, sampler_weights, top_entropy_mask
+from grpo.algo import (LossSpec, entropy_figures, entropy_threshold, loss_normalizer, policy_loss, sampler_weights,
+                       top_entropy_mask)
+from grpo.algo.entropy import QUARTERS, position_quarters, quarter_counts, quarter_index
 from grpo.distributed import Dist, no_sync
 from grpo.experience import Experience
 from grpo.policy import inference
@@ -27,55 +34,55 @@ class Learner:
     """The modules, the optimiser and the settings of the update, bound once when the trainer builds it."""
 
     trainable: torch.nn.Module               # a LogprobModule, possibly in DDP or over FSDP2 shards
-    reference: torch.nn.Module | None        # the frozen reference's LogprobModule; None when beta = 0
+    reference: torch.nn.Module | None        # the frozen reference's LogprobModule; None when spec.beta = 0
     optimizer: torch.optim.Optimizer
+    spec: LossSpec                           # the algorithm's choices (algo.*)
     temperature: float                       # log-probs from logits / the sampling temperature
     chunk_size: int
     max_rows: int                            # compute.micro_batch_size
     max_tokens: int                          # compute.micro_batch_tokens (0: no cap)
-    max_completion_length: int               # L_max of the constant normaliser
     max_grad_norm: float                     # 0: no clipping
-    beta: float = 0.04
-    kl_kind: str = "k3"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    ratio_level: str = "token"
-    aggregation: str = "seq_mean"
-    num_iterations: int = 1
-    surrogate: str = "clip"                  # algo.surrogate; dual_clip None when algo.dual_clip = 0
-    dual_clip: float | None = None
-    sapo_tau_pos: float = 1.0
-    sapo_tau_neg: float = 1.05
-    top_entropy_quantile: float = 1.0        # ρ: the highest-entropy fraction of tokens that carries the policy term
-    correction: str = "token_tis"            # algo.sampler_correction, when the Experience has sampler log-probs
-    correction_cap: float = 2.0
-    correction_floor: float = 0.0
 
 
-def learn(lr: Learner, exp: Experience, dist: Dist) -> list[dict]:
+# the figures of `policy_loss` that are not means over the loss tokens (the others are summed as mean × tokens)
+_LOSS_PARTS = ("loss/policy", "loss/kl", "tokens")
+
+
+def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
     """μ updates on `exp` (this process's rows; every process calls it): one dict of summed figures per update
     (`grpo.metrics.step_metrics` reduces them)."""
+    spec = learner.spec
     # 5. the normaliser over the whole step: every process holds an equal share of sequences, so only the token
     # count needs a collective
-    normalizer = loss_normalizer(lr.aggregation, num_sequences=len(exp) * dist.world_size,
-                                 num_tokens=int(dist.sum(exp.loss_mask.sum().item())),
-                                 max_completion_length=lr.max_completion_length)
-    parts = list(micro_batches(exp.prompt_mask, exp.completion_mask, lr.max_rows, lr.max_tokens))
+    normalizer = loss_normalizer(spec, num_sequences=len(exp) * dist.world_size,
+                                 num_tokens=int(dist.sum(exp.loss_mask.sum().item())))
+    parts = list(micro_batches(exp.prompt_mask, exp.completion_mask, learner.max_rows, learner.max_tokens))
+    quarters = _quarters(exp, parts)
     # 6. reference and old log-probs, without gradients
-    ref_logp = _logprobs_no_grad(lr, lr.reference, exp, parts)[0] if lr.reference is not None else None
-    masking = lr.top_entropy_quantile < 1
-    old_logp, old_entropy = (_logprobs_no_grad(lr, lr.trainable, exp, parts, entropy=masking)
-                             if lr.num_iterations > 1 or masking else (None, None))
-    if lr.num_iterations == 1:  # μ = 1: the ratio is to the training pass itself (logp.detach())
+    ref_logp = _logprobs_no_grad(learner, learner.reference, exp, parts)[0] if learner.reference is not None else None
+    masking = spec.top_entropy_quantile < 1
+    old_logp, old_entropy = (_logprobs_no_grad(learner, learner.trainable, exp, parts, entropy=masking)
+                             if spec.num_iterations > 1 or masking else (None, None))
+    if spec.num_iterations == 1:  # μ = 1: the ratio is to the training pass itself (logp.detach())
         old_logp = None
     # top-entropy masking: the threshold over every loss token of the step, on every process (SPEC 13.8)
     keep = None
     if masking:
         mine = old_entropy[exp.loss_mask.bool()].cpu()
-        threshold = entropy_threshold(torch.cat(dist.gather_objects(mine)), lr.top_entropy_quantile)
+        threshold = entropy_threshold(torch.cat(dist.gather_objects(mine)), spec.top_entropy_quantile)
         keep = top_entropy_mask(old_entropy, exp.loss_mask, threshold)
     # 7. μ updates
-    return [_update(lr, dist, exp, parts, normalizer, ref_logp, old_logp, keep) for _ in range(lr.num_iterations)]
+    return [_update(learner, dist, exp, parts, quarters, normalizer, ref_logp, old_logp, keep)
+            for _ in range(spec.num_iterations)]
+
+
+def _quarters(exp: Experience, parts) -> list[tuple[list[torch.Tensor], list[int]]]:
+    """Each micro-batch's loss tokens by quarter of their episode (`grpo.algo.entropy`): the flat positions and
+    the counts, the counts of every micro-batch brought to the host at once, for the whole step."""
+    quarters = [position_quarters(exp.loss_mask[rows, ccols], exp.completion_mask[rows, ccols])
+                for rows, _, ccols in parts]
+    counts = torch.stack([quarter_counts(q) for q in quarters]).tolist() if parts else []
+    return [(quarter_index(q, n), n) for q, n in zip(quarters, counts)]
 
 
 def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_rows: int,
@@ -98,19 +105,19 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
         start = end
 
 
-def _mb_logprobs(lr: Learner, module, exp: Experience, rows, pcols, ccols, entropy: bool = False):
+def _mb_logprobs(learner: Learner, module, exp: Experience, rows, pcols, ccols, entropy: bool = False):
     return module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
-                  exp.completion_mask[rows, ccols], temperature=lr.temperature, chunk_size=lr.chunk_size,
+                  exp.completion_mask[rows, ccols], temperature=learner.temperature, chunk_size=learner.chunk_size,
                   entropy=entropy)
 
 
-def _logprobs_no_grad(lr: Learner, module, exp: Experience, parts, entropy: bool = False):
+def _logprobs_no_grad(learner: Learner, module, exp: Experience, parts, entropy: bool = False):
     """(N, T) log-probs of the whole step without gradients, and its entropies if asked (else None)."""
     out = torch.zeros(exp.completion_ids.shape, dtype=torch.float32, device=exp.completion_ids.device)  # (N, T)
     ent = torch.zeros_like(out) if entropy else None
     for rows, pcols, ccols in parts:
         with inference(module):  # no autograd bookkeeping; the copy into `out` leaves inference mode
-            result = _mb_logprobs(lr, module, exp, rows, pcols, ccols, entropy=entropy)
+            result = _mb_logprobs(learner, module, exp, rows, pcols, ccols, entropy=entropy)
         logp, h = result if entropy else (result, None)
         out[rows, ccols] = logp.float()
         if entropy:
@@ -118,57 +125,66 @@ def _logprobs_no_grad(lr: Learner, module, exp: Experience, parts, entropy: bool
     return out, ent
 
 
-def _update(lr: Learner, dist: Dist, exp: Experience, parts, normalizer: float, ref_logp, old_logp, keep) -> dict:
+def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, normalizer: float, ref_logp, old_logp,
+            keep) -> dict:
     """One optimiser update over the whole step: gradients summed over micro-batches and processes. An update
     whose loss or gradient is not finite is skipped, on every process alike."""
-    lr.optimizer.zero_grad(set_to_none=True)
-    totals: dict[str, float] = {}
-    nonfinite = None
-    for i, (rows, pcols, ccols) in enumerate(parts):
-        with no_sync(lr.trainable, skip=i < len(parts) - 1):  # DDP all-reduces once, after the last micro-batch
-            logp, entropy = _mb_logprobs(lr, lr.trainable, exp, rows, pcols, ccols, entropy=True)
+    spec = learner.spec
+    learner.optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, torch.Tensor] = {}     # float64 on the device, added micro-batch by micro-batch
+    largest: dict[str, torch.Tensor] = {}  # the same, for figures that are maxima
+    counts = [0.0] * QUARTERS              # the tokens of each quarter, known on the host
+    finite = torch.ones((), dtype=torch.bool, device=exp.completion_ids.device)
+    for i, ((rows, pcols, ccols), (index, n)) in enumerate(zip(parts, quarters)):
+        with no_sync(learner.trainable, skip=i < len(parts) - 1):  # DDP all-reduces once, after the last micro-batch
+            logp, entropy = _mb_logprobs(learner, learner.trainable, exp, rows, pcols, ccols, entropy=True)
             old = old_logp[rows, ccols] if old_logp is not None else logp.detach()
             ref = ref_logp[rows, ccols] if ref_logp is not None else None
-            _add(totals, entropy_figures(entropy, exp.loss_mask[rows, ccols]))  # the current policy's, as logged
+            mask = exp.loss_mask[rows, ccols]
+            figures = entropy_figures(entropy, mask, index)  # the current policy's, as logged
+            counts = [c + k for c, k in zip(counts, n)]
             weight = keep[rows, ccols] if keep is not None else None  # 0 on tokens below the entropy threshold
+            mismatch = None
             if exp.sampler_logp is not None:  # π_old / π_smp: the trainer's log-probs against the sampler's
-                correction, mismatch = sampler_weights(old, exp.sampler_logp[rows, ccols], exp.loss_mask[rows, ccols],
-                                                       mode=lr.correction, cap=lr.correction_cap,
-                                                       floor=lr.correction_floor)
+                correction, mismatch = sampler_weights(old, exp.sampler_logp[rows, ccols], mask, spec)
                 weight = correction if weight is None else weight * correction
-                totals["mismatch/abs_diff_max"] = max(totals.get("mismatch/abs_diff_max", 0.0),
-                                                      mismatch.pop("abs_diff_max").item())
-                mismatch.pop("tokens")
-                _add(totals, {f"mismatch/{k}": v.item() for k, v in mismatch.items()})
-            loss, stats = policy_loss(logp, old, exp.advantages[rows, ccols], exp.loss_mask[rows, ccols],
-                                      ref_logp=ref, beta=lr.beta, clip_low=lr.clip_low, clip_high=lr.clip_high,
-                                      ratio_level=lr.ratio_level, aggregation=lr.aggregation,
-                                      normalizer=normalizer, max_completion_length=lr.max_completion_length,
-                                      kl_kind=lr.kl_kind, surrogate=lr.surrogate, dual_clip=lr.dual_clip,
-                                      sapo_tau_pos=lr.sapo_tau_pos, sapo_tau_neg=lr.sapo_tau_neg, is_weight=weight)
-            if not torch.isfinite(loss) and nonfinite is None:
-                nonfinite = "loss"
+            loss, stats = policy_loss(logp, old, exp.advantages[rows, ccols], mask, spec, ref_logp=ref,
+                                      normalizer=normalizer, is_weight=weight)
+            finite = finite & torch.isfinite(loss)
             # the normaliser already counts every process; DDP and FSDP average gradients over processes,
             # so scale by the world size to get their sum
             (loss * dist.world_size).backward()
-        tokens = stats["tokens"].item()
-        _add(totals, {"loss": loss.item(), "loss/policy": stats["loss/policy"].item(),
-                      "loss/kl": stats["loss/kl"].item(), "tokens": tokens})
-        _add(totals, {k: stats[k].item() * tokens for k in ("kl", "ratio/mean", "clip/frac", "clip/low_frac",
-                                                            "clip/high_frac", "clip/dual_frac") if k in stats})
-    params = [p for p in lr.trainable.parameters() if p.requires_grad]
-    max_norm = lr.max_grad_norm if lr.max_grad_norm > 0 else math.inf
-    totals["grad_norm"] = _full(torch.nn.utils.clip_grad_norm_(params, max_norm)).item()
-    if nonfinite is None and not math.isfinite(totals["grad_norm"]):
-        name = next((n for n, p in lr.trainable.named_parameters() if p.grad is not None
+        tokens = stats["tokens"].double()
+        _add(sums, {"loss": loss.detach(), **{k: stats[k] for k in _LOSS_PARTS}})
+        _add(sums, {k: v.double() * tokens for k, v in stats.items() if k not in _LOSS_PARTS})  # mean × tokens
+        if mismatch is not None:
+            top = mismatch.pop("abs_diff_max").double()
+            largest["mismatch/abs_diff_max"] = torch.fmax(largest.get("mismatch/abs_diff_max", torch.zeros_like(top)),
+                                                          top)  # NaN never wins, as in Python's max
+            mismatch.pop("tokens")
+            _add(sums, {f"mismatch/{k}": v for k, v in mismatch.items()})
+        _add(sums, figures)
+    params = [p for p in learner.trainable.parameters() if p.requires_grad]
+    max_norm = learner.max_grad_norm if learner.max_grad_norm > 0 else math.inf
+    grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    # the one transfer of the update: its figures, the gradient norm and whether every loss was finite
+    names = [*sums, *largest]
+    *values, grad_norm, loss_finite = torch.stack([*sums.values(), *largest.values(), grad_norm.double(),
+                                                   finite.double()]).tolist()
+    totals: dict = dict(zip(names, values))
+    totals.update({f"entropy/q{k + 1}_tokens": c for k, c in enumerate(counts)})
+    totals["grad_norm"] = grad_norm
+    nonfinite = None if loss_finite else "loss"
+    if nonfinite is None and not math.isfinite(grad_norm):
+        name = next((n for n, p in learner.trainable.named_parameters() if p.grad is not None
                      and not torch.isfinite(_full(p.grad)).all()), "?")
         nonfinite = f"gradient ({name})"
     if dist.any(nonfinite is not None) and nonfinite is None:  # every process skips the same updates
         nonfinite = "loss on another process"
     totals["nonfinite"] = nonfinite
     if nonfinite is None:
-        lr.optimizer.step()
-    lr.optimizer.zero_grad(set_to_none=True)
+        learner.optimizer.step()
+    learner.optimizer.zero_grad(set_to_none=True)
     return totals
 
 
@@ -177,6 +193,8 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def _add(into: dict[str, float], values: dict[str, float]) -> None:
+def _add(into: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> None:
+    """Add each value to its float64 sum, which starts at 0 (as a Python float sum does: 0 + (−0) = +0)."""
     for k, v in values.items():
-        into[k] = into.get(k, 0.0) + v
+        v = v.detach().double()
+        into[k] = into.get(k, torch.zeros_like(v)) + v

@@ -24,24 +24,24 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     # groups without a policy gradient: every advantage on their loss tokens is 0 (equal rewards, for outcome ones)
     signal = (exp.advantages * exp.loss_mask).ne(0).any(dim=1).view(-1, group_size).any(dim=1)
     m["adv/std_zero_frac"] = dist.gather((~signal).float().cpu()).mean().item()
-    u = {k: dist.sum(sum(d[k] for d in updates)) / len(updates) for k in updates[0]
-         if k not in ("grad_norm", "nonfinite", "mismatch/abs_diff_max")}
+    u = update_figures(updates, dist)
     tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
-    per_token = ["kl", "ratio/mean", "clip/frac", "clip/low_frac", "clip/high_frac"]
-    if "clip/dual_frac" in updates[0]:  # algo.dual_clip
-        per_token.append("clip/dual_frac")
-    if "mismatch/abs_diff_max" in updates[0]:  # a sampler with log-probs of its own (SPEC 13.1)
-        per_token += ["mismatch/abs_diff", "mismatch/k3", "mismatch/capped", "mismatch/weight"]
-        m["mismatch/abs_diff_max"] = dist.max(max(d["mismatch/abs_diff_max"] for d in updates))
-    m.update({k: u[k] / tokens if tokens else float("nan") for k in per_token})
-    # the policy's entropy at the sampling temperature, over the loss tokens, and by quarter of each completion
+    if "mismatch/abs_diff_max" in u:  # a sampler with log-probs of its own (SPEC 13.1)
+        m["mismatch/abs_diff_max"] = u.pop("mismatch/abs_diff_max")
+    # the sums over the loss tokens (the policy loss's means × tokens, the mismatch figures) become means
+    m.update({k: v / tokens if tokens else float("nan") for k, v in u.items() if k not in _NOT_PER_TOKEN
+              and not k.startswith("entropy")})
+    # the policy's entropy at the sampling temperature, over the loss tokens, and over those in each quarter of
+    # their episode
     m["entropy/mean"] = u["entropy"] / tokens if tokens else float("nan")
     for q in range(1, QUARTERS + 1):
         n = u[f"entropy/q{q}_tokens"]
         m[f"entropy/q{q}"] = u[f"entropy/q{q}"] / n if n else float("nan")
     m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
     m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
-    m["completion/mean_length"] = lengths.mean().item()
+    m["completion/mean_length"] = lengths.mean().item()  # episode tokens: in multi-turn ones, tool results too
+    if exp.episodes is not None:  # the model's own tokens, those the loss trains on
+        m["completion/mean_loss_tokens"] = dist.gather(exp.loss_mask.sum(1).float().cpu()).mean().item()
     m["completion/truncated_frac"] = dist.gather(exp.truncated.float().cpu()).mean().item()
     m["lr"] = lr
     m.update(exp.stats)
@@ -49,9 +49,28 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
         m.update(episode_metrics(exp.episodes, dist))
     m["perf/step_seconds"] = seconds
     m["perf/rollout_seconds"] = rollout_seconds
-    m["perf/completion_tokens"] = lengths.sum().item()
+    m["perf/completion_tokens"] = lengths.sum().item()  # episode tokens, as completion/mean_length
     m["perf/tokens_per_s"] = lengths.sum().item() / max(seconds, 1e-9)
     return m
+
+
+# the figures of `grpo.learn` updates that are not sums over the loss tokens to be divided by their count
+_NOT_PER_TOKEN = ("loss", "loss/policy", "loss/kl", "tokens")
+_MAXIMA = ("mismatch/abs_diff_max",)  # the largest over updates and processes, not a sum
+_PER_UPDATE = ("grad_norm", "nonfinite")  # each update's own (on every process alike)
+
+
+def update_figures(updates: list[dict], dist: Dist) -> dict[str, float]:
+    """The figures of the step's updates (`grpo.learn.learn`, this process's), summed over processes and averaged
+    over the updates; maxima (`_MAXIMA`) are the largest of any update and process. One collective for all."""
+    keys = [k for k in updates[0] if k not in _PER_UPDATE]
+    mine = [max(d[k] for d in updates) if k in _MAXIMA else sum(d[k] for d in updates) for k in keys]
+    rows = dist.gather(torch.tensor(mine, dtype=torch.float64)).view(dist.world_size, len(keys))
+    total = rows[0]
+    for row in rows[1:]:  # in rank order
+        total = total + row
+    total, top = total.tolist(), rows.amax(dim=0).tolist()
+    return {k: top[i] if k in _MAXIMA else total[i] / len(updates) for i, k in enumerate(keys)}
 
 
 def episode_metrics(episodes: list, dist: Dist) -> dict[str, float]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from grpo.algo import LossSpec
 from grpo.budgets import max_episode_tokens, prompt_limit
 from grpo.checkpoint import find_checkpoint, load_checkpoint, resume_hint, rng_states, save_checkpoint
 from grpo.collect import Collector, collect, probe_rewards
@@ -248,15 +249,10 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                           rollout_sampling(cfg.rollout, cfg.rollout.group_size), tokenizer, cfg.train.prompts_per_step,
                           cfg.train.seed, scale=a.scale, std=a.std, eps=a.eps, mask_truncated=a.mask_truncated,
                           dynamic_sampling=a.dynamic_sampling, max_sampling_rounds=a.max_sampling_rounds)
-    learner = Learner(trainable, reference, optimizer, cfg.rollout.temperature, m.logprob_chunk_size,
-                      c.micro_batch_size, c.micro_batch_tokens, max_episode_tokens(cfg, policy),
-                      cfg.optim.max_grad_norm,
-                      beta=a.beta, kl_kind=a.kl_kind, clip_low=a.clip_low, clip_high=a.clip_high,
-                      ratio_level=a.ratio_level, aggregation=a.aggregation, num_iterations=a.num_iterations,
-                      surrogate=a.surrogate, dual_clip=a.dual_clip or None, sapo_tau_pos=a.sapo_tau_pos,
-                      sapo_tau_neg=a.sapo_tau_neg, top_entropy_quantile=a.top_entropy_quantile,
-                      correction=a.sampler_correction, correction_cap=a.sampler_correction_cap,
-                      correction_floor=a.sampler_correction_floor)
+    learner = Learner(trainable, reference, optimizer,
+                      LossSpec.from_algo(a, max_completion_length=max_episode_tokens(cfg, policy)),
+                      cfg.rollout.temperature, m.logprob_chunk_size, c.micro_batch_size, c.micro_batch_tokens,
+                      cfg.optim.max_grad_norm)
     # every prompt fits the context with room for a completion (refused, or cut from the left)
     limit, why = prompt_limit(policy, cfg)
     fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,

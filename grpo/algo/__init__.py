@@ -1,16 +1,20 @@
 """The mathematics of GRPO and its variants as pure tensor functions (SPEC.md).
 
-Nothing here knows about models, configs or process groups: tensors and plain values in, tensors out.
+Nothing here knows about models, configs or process groups: tensors, plain values and the two frozen specs
+(`AdvantageSpec`, `LossSpec`, built once from the `algo.*` config section) in, tensors out.
 """
-from grpo.algo.advantages import (compute_advantages, group_advantages, informative_groups, process_advantages,
-                                  rloo_advantages)
+from grpo.algo.advantages import (ADVANTAGES, compute_advantages, group_advantages, informative_groups,
+                                  process_advantages, rloo_advantages)
 from grpo.algo.correction import CORRECTIONS, sampler_weights
 from grpo.algo.entropy import entropy_figures, entropy_threshold, top_entropy_mask
 from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
-from grpo.algo.loss import kl_penalty, loss_normalizer, policy_loss
+from grpo.algo.loss import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, kl_penalty, loss_normalizer, policy_loss
 from grpo.algo.presets import PRESETS, Preset, get_preset, preset_values
+from grpo.algo.specs import AdvantageSpec, LossSpec
+from grpo.algo.surrogates import SURROGATES
 
-__all__ = ["CORRECTIONS", "PRESETS", "Preset", "compute_advantages", "entropy_figures", "entropy_threshold",
-           "get_preset", "preset_values", "group_advantages", "informative_groups", "top_entropy_mask",
-           "kl_penalty", "loss_normalizer", "policy_loss",
-           "process_advantages", "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden"]
+__all__ = ["ADVANTAGES", "AGGREGATIONS", "AdvantageSpec", "CORRECTIONS", "KL_KINDS", "LossSpec", "PRESETS", "Preset",
+           "RATIO_LEVELS", "SURROGATES", "compute_advantages", "entropy_figures", "entropy_threshold", "get_preset",
+           "group_advantages", "informative_groups", "kl_penalty", "loss_normalizer", "policy_loss", "preset_values",
+           "process_advantages", "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden",
+           "top_entropy_mask"]

@@ -7,11 +7,16 @@ gets advantage 0. Statistics are computed in float64 and the result is returned 
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from grpo.algo._checks import check_choice, check_positive_int, check_tensor
 
-SCALES = ("group", "batch", "none")
+if TYPE_CHECKING:
+    from grpo.algo.specs import AdvantageSpec
+
+SCALES = ("group", "batch", "none")  # the scales of `group_advantages`
 STDS = ("sample", "population")
 
 
@@ -48,11 +53,10 @@ def _group_centre(g: torch.Tensor):
     return centred, valid, mean
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", std: str = "sample",
-                     eps: float = 1e-4) -> torch.Tensor:
-    """Group-relative advantages, shape (N,) → (N,).
+def group_advantages(rewards: torch.Tensor, group_size: int, spec: AdvantageSpec) -> torch.Tensor:
+    """Group-relative advantages, shape (N,) → (N,), as `spec.scale`, `spec.std` and `spec.eps` say.
 
-    scale="group": (r − mean_g) / (std_g + eps), DeepSeekMath §4.1.2 (our default, SPEC 12).
+    scale="group": (r − mean_g) / (std_g + eps), DeepSeekMath §4.1.2 (SPEC 12).
     scale="batch": (r − mean_g) / (std over the whole batch of raw rewards + eps) ("Lite PPO").
     scale="none":  r − mean_g (Dr. GRPO).
     std="sample" divides the squared deviations by n − 1 (TRL, verl, oat), "population" by n.
@@ -60,10 +64,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "gr
     Example: rewards [1, 0, 0, 1] with G = 4 → [0.865875, −0.865875, −0.865875, 0.865875]
     (mean 0.5, sample std √(1/3) = 0.577350, plus eps 1e-4). [1, 1, 1, 1] → exactly [0, 0, 0, 0].
     """
-    check_choice("scale", scale, SCALES)
-    check_choice("std", std, STDS)
-    if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps!r}")
+    check_choice("scale", spec.scale, SCALES)
+    scale, std, eps = spec.scale, spec.std, spec.eps
     g = _grouped(rewards, group_size)
     centred, valid, mean = _group_centre(g)
     if scale == "none":
@@ -93,7 +95,7 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
 
 
 def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, group_size: int, num_tokens: int,
-                       *, std: str = "sample", eps: float = 1e-4) -> torch.Tensor:
+                       spec: AdvantageSpec) -> torch.Tensor:
     """Process-supervision advantages (DeepSeekMath §4.1.3, SPEC 1.3), per token: (N, K), (N, K) → (N, T).
 
     Args:
@@ -103,7 +105,8 @@ def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, grou
             or -1 for a padding step. Steps need not be sorted.
         group_size: G; the N completions are laid out group by group.
         num_tokens: T, the completion length of the returned tensor.
-        std, eps: as in `group_advantages`; the statistics pool all step rewards of the group's G outputs.
+        spec: its `std` and `eps` as in `group_advantages`; the statistics pool all step rewards of the group's G
+            outputs.
 
     Token t of completion i gets the sum of the normalised rewards of every step of i that ends at or after t;
     tokens after the last step end get 0.
@@ -112,7 +115,7 @@ def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, grou
     ending at 3 with reward 0.5 → o1 tokens 0–2: 0.094916, tokens 3–5: −0.949158; o2 tokens 0–3: −0.094916
     (eps = 0 here; the pooled mean is 0.533333, the sample std 0.351188).
     """
-    check_choice("std", std, STDS)
+    std, eps = spec.std, spec.eps
     check_tensor("step_rewards", step_rewards, 2)
     check_tensor("step_ends", step_ends, 2)
     if step_ends.shape != step_rewards.shape:
@@ -157,11 +160,15 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
-def compute_advantages(rewards: torch.Tensor, group_size: int, *, scale: str = "group", std: str = "sample",
-                       eps: float = 1e-4) -> torch.Tensor:
-    """One entry point for the trainer: `group_advantages` for "group", "batch" and "none", and
-    `rloo_advantages` for "rloo" (std and eps do not apply there)."""
-    check_choice("scale", scale, SCALES + ("rloo",))
-    if scale == "rloo":
-        return rloo_advantages(rewards, group_size)
-    return group_advantages(rewards, group_size, scale=scale, std=std, eps=eps)
+# `AdvantageSpec.scale` → the function that computes the outcome advantages: (rewards, G, spec) → (N,)
+ADVANTAGES = {
+    "group": group_advantages,
+    "batch": group_advantages,
+    "none": group_advantages,
+    "rloo": lambda rewards, group_size, spec: rloo_advantages(rewards, group_size),  # std and eps do not apply
+}
+
+
+def compute_advantages(rewards: torch.Tensor, group_size: int, spec: AdvantageSpec) -> torch.Tensor:
+    """One entry point for the trainer: the outcome advantages of `spec.scale` (`ADVANTAGES`), (N,) → (N,)."""
+    return ADVANTAGES[spec.scale](rewards, group_size, spec)

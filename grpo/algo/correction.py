@@ -25,59 +25,68 @@ token MIS with C = 2 gives 0.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
-from grpo.algo._checks import check_choice, check_same_shape, check_tensor
+from grpo.algo._checks import check_same_shape, check_tensor
 
-CORRECTIONS = ("none", "token_tis", "token_mis", "seq_tis", "seq_mis")
+if TYPE_CHECKING:
+    from grpo.algo.specs import LossSpec
 
 
-def sampler_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor, *,
-                    mode: str = "token_tis", cap: float = 2.0,
-                    floor: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+# the weights of each mode from the log-ratio log ρ: (log ρ, valid, mask as floats, log C_min, log C) → (weight,
+# the tokens whose weight the cap, the floor or the mask changed)
+
+def _one(log_ratio, valid, m, log_floor, log_cap):
+    return m.clone(), torch.zeros_like(valid)
+
+
+def _truncated(log_ratio, valid, m, log_floor, log_cap):
+    return (torch.exp(log_ratio.clamp(min=log_floor, max=log_cap)),
+            (log_ratio > log_cap) | (log_ratio < log_floor))
+
+
+def _masked(log_ratio, valid, m, log_floor, log_cap):
+    keep = (log_ratio <= log_cap) & (log_ratio >= log_floor)
+    return torch.where(keep, torch.exp(log_ratio.clamp(max=log_cap)), torch.zeros_like(log_ratio)), ~keep
+
+
+# `LossSpec.sampler_correction` → (whether ρ is the sequence's product, the weight rule)
+CORRECTIONS = {"none": (False, _one), "token_tis": (False, _truncated), "token_mis": (False, _masked),
+               "seq_tis": (True, _truncated), "seq_mis": (True, _masked)}
+
+
+def sampler_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
+                    spec: LossSpec) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(B, T) trainer and sampler log-probs of the sampled tokens → (B, T) detached weights w, and figures.
 
     Args:
         old_logp: ℓ_old, the trainer's log-probs at the weights the sampler was given.
         sampler_logp: ℓ_smp, the log-probs the sampling engine reported.
         mask: (B, T) 1 on loss tokens; the weight is 0 elsewhere.
-        mode: one of `CORRECTIONS`.
-        cap: C > 0, the upper bound (TIS) or the largest ratio kept (MIS).
-        floor: C_min ≥ 0, the lower bound (TIS) or the smallest ratio kept (MIS); 0: none.
+        spec: its `sampler_correction` (one of `CORRECTIONS`), `sampler_correction_cap` C > 0 (the upper bound
+            (TIS) or the largest ratio kept (MIS)) and `sampler_correction_floor` C_min ≥ 0 (the lower bound (TIS)
+            or the smallest ratio kept (MIS); 0: none).
 
     Figures (over the loss tokens, as sums so that micro-batches and processes add up; divide by "tokens"):
     "abs_diff" Σ|Δ|, "k3" Σ(ρ − 1 − log ρ) (KL(π_smp‖π_old) estimated on the tokens π_smp sampled), "capped" the
     number of tokens whose weight the cap or the mask changed, "weight" Σw; and "abs_diff_max", max |Δ|.
     """
-    check_choice("mode", mode, CORRECTIONS)
     check_tensor("old_logp", old_logp, 2)
     check_same_shape("sampler_logp", sampler_logp, "old_logp", old_logp)
     check_same_shape("mask", mask, "old_logp", old_logp)
-    if not cap > 0:
-        raise ValueError(f"cap must be > 0, got {cap!r}")
-    if not 0 <= floor < cap:
-        raise ValueError(f"floor must be in [0, cap), got {floor!r} with cap {cap!r}")
+    per_sequence, rule = CORRECTIONS[spec.sampler_correction]
     with torch.no_grad():
         valid = mask.bool()
         m = valid.to(torch.float32)
         zero = torch.zeros((), dtype=torch.float32, device=old_logp.device)
         delta = torch.where(valid, old_logp.detach().float() - sampler_logp.detach().float(), zero)  # log ρ_t
-        log_cap = math.log(cap)
-        log_floor = math.log(floor) if floor > 0 else -math.inf
-        if mode.startswith("seq"):
-            log_ratio = (delta * m).sum(1, keepdim=True).expand_as(delta)  # log ρ_i on every token of o_i
-        else:
-            log_ratio = delta
-        if mode == "none":
-            weight, changed = m.clone(), torch.zeros_like(valid)
-        elif mode.endswith("tis"):
-            weight = torch.exp(log_ratio.clamp(min=log_floor, max=log_cap))
-            changed = (log_ratio > log_cap) | (log_ratio < log_floor)
-        else:
-            keep = (log_ratio <= log_cap) & (log_ratio >= log_floor)
-            weight = torch.where(keep, torch.exp(log_ratio.clamp(max=log_cap)), zero)
-            changed = ~keep
+        log_cap = math.log(spec.sampler_correction_cap)
+        log_floor = math.log(spec.sampler_correction_floor) if spec.sampler_correction_floor > 0 else -math.inf
+        # log ρ_i on every token of o_i, or log ρ_t
+        log_ratio = (delta * m).sum(1, keepdim=True).expand_as(delta) if per_sequence else delta
+        weight, changed = rule(log_ratio, valid, m, log_floor, log_cap)
         weight = weight * m
         changed = changed & valid
         k3 = torch.expm1(delta) - delta  # ρ − 1 − log ρ ≥ 0, exact near 0

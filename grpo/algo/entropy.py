@@ -12,7 +12,7 @@ import torch
 
 from grpo.algo._checks import check_same_shape, check_tensor
 
-QUARTERS = 4  # entropy by position: each completion's tokens in four equal parts of its length
+QUARTERS = 4  # entropy by position: each episode's tokens in four equal parts of its length
 
 
 def entropy_threshold(values: torch.Tensor, keep: float) -> float:
@@ -37,21 +37,47 @@ def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, threshold: float
     return ((entropy >= threshold) & mask.bool()).to(entropy.dtype)
 
 
-def entropy_figures(entropy: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Sums over the loss tokens that add up over micro-batches and processes: "entropy" (Σ H), and for each
-    quarter k of the completions' lengths "entropy/q{k}" (Σ H of the tokens at positions t with
-    ⌊4t / length⌋ = k − 1) and "entropy/q{k}_tokens" (their count). Divided, they give the mean entropy and the
-    mean by position in the completion."""
+def position_quarters(mask: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) loss and episode masks → (B, T) long: the quarter 0 … 3 of each loss token by its position t in its
+    episode of L tokens (`completion_mask`'s, tokens a tool inserted included), ⌊4t / L⌋; `QUARTERS` on every
+    other token. A quarter of a multi-turn episode may hold no loss token at all.
+
+    Example: an episode of 8 tokens whose tokens 2-5 a tool inserted: the model's tokens 0, 1 are in quarter 0
+    and 6, 7 in quarter 3 (by their share of the loss tokens they would be in quarters 0, 1, 3, 3).
+    """
+    check_tensor("mask", mask, 2)
+    check_same_shape("completion_mask", completion_mask, "mask", mask)
+    length = completion_mask.bool().sum(1, keepdim=True).clamp(min=1)
+    position = torch.arange(mask.shape[1], device=mask.device).unsqueeze(0)
+    quarter = (position * QUARTERS // length).clamp(max=QUARTERS - 1)
+    return torch.where(mask.bool(), quarter, QUARTERS)
+
+
+def quarter_counts(quarters: torch.Tensor) -> torch.Tensor:
+    """(B, T) quarters (`position_quarters`) → (QUARTERS,) long: the number of tokens in each; on the device."""
+    return (quarters.unsqueeze(-1) == torch.arange(QUARTERS, device=quarters.device)).sum((0, 1))
+
+
+def quarter_index(quarters: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+    """The flat positions of each quarter's tokens in row-major order, given their `counts` (known on the host,
+    so that nothing waits for the device: selecting by a boolean mask would)."""
+    order = torch.argsort(quarters.flatten(), stable=True)  # quarter 0's tokens first, each quarter in order
+    return list(order[:sum(counts)].split(counts))
+
+
+def entropy_figures(entropy: torch.Tensor, mask: torch.Tensor, index: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Sums over the loss tokens that add up over micro-batches and processes, as float64 tensors on the entropy's
+    device (nothing waits for the device): "entropy" (Σ H), and for each quarter k "entropy/q{k}" (Σ H over the
+    tokens at `index[k − 1]`, from `quarter_index`). Divided by the token counts, they give the mean entropy and
+    the mean by position in the episode.
+
+    Example: entropies [1, 2, 3, 4, 9] and [5, 6, 0, 0, 0] on episodes of 4 and 2 tokens, all in the loss → 21;
+    by quarter 6, 2, 9, 4 (row 2's two tokens fall in quarters 1 and 3).
+    """
     check_tensor("entropy", entropy, 2)
     check_same_shape("mask", mask, "entropy", entropy)
-    m = mask.bool()
-    h = torch.where(m, entropy.double(), 0.0)
-    length = m.sum(1, keepdim=True).clamp(min=1)
-    position = torch.arange(entropy.shape[1], device=entropy.device).unsqueeze(0)
-    quarter = (position * QUARTERS // length).clamp(max=QUARTERS - 1)
-    out = {"entropy": h.sum().item()}
-    for k in range(QUARTERS):
-        inside = m & (quarter == k)
-        out[f"entropy/q{k + 1}"] = h[inside].sum().item()
-        out[f"entropy/q{k + 1}_tokens"] = float(inside.sum())
-    return out
+    h = torch.where(mask.bool(), entropy.double(), 0.0)
+    flat = h.flatten()
+    # a sum over the gathered tokens, not a masked sum over the whole batch: the same numbers in the same order
+    # as indexing by a boolean mask, so the same rounding
+    return {"entropy": h.sum(), **{f"entropy/q{k + 1}": flat[i].sum() for k, i in enumerate(index)}}

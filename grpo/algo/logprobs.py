@@ -32,7 +32,10 @@ def _check(logits_or_hidden_name: str, x: torch.Tensor, targets: torch.Tensor, t
 
 
 def _check_range(targets: torch.Tensor, vocab: int) -> None:
-    if targets.numel() and (int(targets.min()) < 0 or int(targets.max()) >= vocab):
+    if not targets.numel():
+        return
+    low, high = torch.stack(torch.aminmax(targets)).tolist()  # one transfer from the device, not two
+    if low < 0 or high >= vocab:
         raise ValueError(f"targets holds token ids outside [0, {vocab}) (vocabulary size {vocab})")
 
 

@@ -5,6 +5,8 @@ from hypothesis import strategies as st
 
 from grpo.algo import group_advantages, kl_penalty, loss_normalizer, policy_loss, rloo_advantages, token_logprobs
 
+from algo_specs import advantage_spec, loss_spec
+
 settings.register_profile("grpo", deadline=None, max_examples=60)
 settings.load_profile("grpo")
 
@@ -25,7 +27,7 @@ def test_advantages_finite_and_zero_mean_per_group(rg, scale, std):
     if scale == "none":
         # r − mean is returned as is: keep the differences themselves representable in float32
         r = r.clamp(-1e38, 1e38) / 2
-    adv = group_advantages(r, g, scale=scale, std=std)
+    adv = group_advantages(r, g, advantage_spec(scale=scale, std=std))
     assert torch.isfinite(adv).all()
     per_group = adv.double().view(-1, g)
     # zero mean relative to the group's spread (advantages may be as large as the rewards for scale="none")
@@ -36,8 +38,8 @@ def test_advantages_finite_and_zero_mean_per_group(rg, scale, std):
 @given(grouped_rewards(st.floats(-100, 100, width=32)), st.floats(-50, 50))
 def test_advantages_invariant_to_a_constant_shift(rg, c):
     r, g = rg
-    a = group_advantages(r.double(), g)
-    b = group_advantages(r.double() + c, g)
+    a = group_advantages(r.double(), g, advantage_spec())
+    b = group_advantages(r.double() + c, g, advantage_spec())
     assert torch.allclose(a, b, atol=1e-6)
 
 
@@ -45,7 +47,8 @@ def test_advantages_invariant_to_a_constant_shift(rg, c):
 def test_std_normalised_advantages_are_scale_invariant(rg, k):
     r, g = rg
     r = r.double()
-    assert torch.allclose(group_advantages(r, g, eps=0), group_advantages(r * k, g, eps=0), atol=1e-6)
+    spec = advantage_spec(eps=0.0)
+    assert torch.allclose(group_advantages(r, g, spec), group_advantages(r * k, g, spec), atol=1e-6)
 
 
 @given(grouped_rewards(st.floats(-100, 100, width=32)))
@@ -53,7 +56,7 @@ def test_rloo_is_centred_times_g_over_g_minus_one(rg):
     r, g = rg
     if g < 2:
         return
-    expect = group_advantages(r.double(), g, scale="none") * g / (g - 1)
+    expect = group_advantages(r.double(), g, advantage_spec(scale="none")) * g / (g - 1)
     assert torch.allclose(rloo_advantages(r.double(), g), expect, atol=1e-6)
 
 
@@ -81,28 +84,27 @@ def loss_batch(draw):
     lengths = torch.randint(1, t + 1, (b,), generator=gen)
     mask = (torch.arange(t).unsqueeze(0) < lengths.unsqueeze(1)).long()
     adv = torch.randn(b, generator=gen, dtype=torch.float64)
-    kw = dict(beta=draw(st.sampled_from([0.0, 0.04])),
-              ratio_level=draw(st.sampled_from(["token", "sequence"])),
-              aggregation=draw(st.sampled_from(["seq_mean", "token_mean", "constant"])),
-              clip_high=draw(st.sampled_from([0.2, 0.28])),
-              max_completion_length=t)
-    return logp, old, ref, mask, adv, kw
+    spec = loss_spec(t, beta=draw(st.sampled_from([0.0, 0.04])),
+                     ratio_level=draw(st.sampled_from(["token", "sequence"])),
+                     aggregation=draw(st.sampled_from(["seq_mean", "token_mean", "constant"])),
+                     clip_high=draw(st.sampled_from([0.2, 0.28])))
+    return logp, old, ref, mask, adv, spec
 
 
-def run(logp, old, ref, mask, adv, kw):
+def run(logp, old, ref, mask, adv, spec):
     logp = logp.clone().requires_grad_()
-    loss, stats = policy_loss(logp, old, adv, mask, ref_logp=ref, **kw)
+    loss, stats = policy_loss(logp, old, adv, mask, spec, ref_logp=ref)
     (grad,) = torch.autograd.grad(loss, logp)
     return loss, grad, stats
 
 
 @given(loss_batch(), st.integers(1, 4))
 def test_padding_with_mask_zero_changes_nothing(batch, extra):
-    logp, old, ref, mask, adv, kw = batch
-    loss, grad, stats = run(logp, old, ref, mask, adv, kw)
+    logp, old, ref, mask, adv, spec = batch
+    loss, grad, stats = run(logp, old, ref, mask, adv, spec)
     pad = lambda x, v: torch.cat([x, torch.full((x.shape[0], extra), v, dtype=x.dtype)], 1)  # noqa: E731
     # the constant normaliser depends on max_completion_length, not on the tensor width
-    loss2, grad2, stats2 = run(pad(logp, -7.0), pad(old, 3.0), pad(ref, 9.0), pad(mask, 0), adv, kw)
+    loss2, grad2, stats2 = run(pad(logp, -7.0), pad(old, 3.0), pad(ref, 9.0), pad(mask, 0), adv, spec)
     assert torch.allclose(loss, loss2, atol=1e-12)
     assert torch.allclose(grad, grad2[:, :logp.shape[1]], atol=1e-12)
     assert (grad2[:, logp.shape[1]:] == 0).all()
@@ -112,27 +114,26 @@ def test_padding_with_mask_zero_changes_nothing(batch, extra):
 
 @given(loss_batch(), st.randoms(use_true_random=False))
 def test_permuting_sequences_changes_nothing(batch, rnd):
-    logp, old, ref, mask, adv, kw = batch
+    logp, old, ref, mask, adv, spec = batch
     perm = list(range(logp.shape[0]))
     rnd.shuffle(perm)
     p = torch.tensor(perm)
-    loss, grad, _ = run(logp, old, ref, mask, adv, kw)
-    loss2, grad2, _ = run(logp[p], old[p], ref[p], mask[p], adv[p], kw)
+    loss, grad, _ = run(logp, old, ref, mask, adv, spec)
+    loss2, grad2, _ = run(logp[p], old[p], ref[p], mask[p], adv[p], spec)
     assert torch.allclose(loss, loss2, atol=1e-12)
     assert torch.allclose(grad[p], grad2, atol=1e-12)
 
 
 @given(loss_batch(), st.integers(1, 6))
 def test_micro_batches_with_step_normaliser_equal_whole_batch(batch, micro):
-    logp, old, ref, mask, adv, kw = batch
-    norm = loss_normalizer(kw["aggregation"], num_sequences=logp.shape[0], num_tokens=int(mask.sum()),
-                           max_completion_length=kw["max_completion_length"])
-    loss, grad, _ = run(logp, old, ref, mask, adv, kw)
+    logp, old, ref, mask, adv, spec = batch
+    norm = loss_normalizer(spec, num_sequences=logp.shape[0], num_tokens=int(mask.sum()))
+    loss, grad, _ = run(logp, old, ref, mask, adv, spec)
     x = logp.clone().requires_grad_()
     total = 0.0
     for s in range(0, logp.shape[0], micro):
         sl = slice(s, s + micro)
-        part, _ = policy_loss(x[sl], old[sl], adv[sl], mask[sl], ref_logp=ref[sl], normalizer=norm, **kw)
+        part, _ = policy_loss(x[sl], old[sl], adv[sl], mask[sl], spec, ref_logp=ref[sl], normalizer=norm)
         part.backward()  # gradients accumulate over micro-batches, as in training
         total = total + part.detach()
     assert torch.allclose(total, loss, atol=1e-12)

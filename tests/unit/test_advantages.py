@@ -4,7 +4,9 @@ import math
 import pytest
 import torch
 
-from grpo.algo import group_advantages, process_advantages, rloo_advantages
+from grpo.algo import compute_advantages, group_advantages, process_advantages, rloo_advantages
+
+from algo_specs import advantage_spec as spec
 
 S3 = math.sqrt(3) / 2  # 0.866025: 0.5 / sqrt(1/3)
 
@@ -19,69 +21,69 @@ def close(a, b, tol=1e-6):
 
 def test_spec_groups_sample_std_no_eps():
     # SPEC 2.1: [1,0,0,1] and [0,0,1,1] → ±0.866025, signs follow the rewards
-    adv = group_advantages(t(1, 0, 0, 1, 0, 0, 1, 1), 4, eps=0.0)
+    adv = group_advantages(t(1, 0, 0, 1, 0, 0, 1, 1), 4, spec(eps=0.0))
     close(adv, [S3, -S3, -S3, S3, -S3, -S3, S3, S3])
 
 
 def test_spec_groups_default_eps_is_trl():
     # SPEC 2.1: TRL's ε = 1e-4 added to the std gives ±0.865875; this is our default
-    close(group_advantages(t(1, 0, 0, 1), 4), [0.865875, -0.865875, -0.865875, 0.865875])
+    close(group_advantages(t(1, 0, 0, 1), 4, spec()), [0.865875, -0.865875, -0.865875, 0.865875])
 
 
 def test_verl_and_oat_eps():
-    close(group_advantages(t(1, 0, 0, 1), 4, eps=1e-6), [0.866024, -0.866024, -0.866024, 0.866024])
-    close(group_advantages(t(1, 0, 0, 1), 4, eps=1e-8), [S3, -S3, -S3, S3])
+    close(group_advantages(t(1, 0, 0, 1), 4, spec(eps=1e-6)), [0.866024, -0.866024, -0.866024, 0.866024])
+    close(group_advantages(t(1, 0, 0, 1), 4, spec(eps=1e-8)), [S3, -S3, -S3, S3])
 
 
 def test_population_std():
     # biased std 0.5 → ±1; [1,0,0,0] → 1.732051, −0.577350
-    close(group_advantages(t(1, 0, 0, 1), 4, std="population", eps=0), [1, -1, -1, 1])
-    close(group_advantages(t(1, 0, 0, 0), 4, std="population", eps=0), [1.732051] + [-0.577350] * 3)
+    close(group_advantages(t(1, 0, 0, 1), 4, spec(std="population", eps=0)), [1, -1, -1, 1])
+    close(group_advantages(t(1, 0, 0, 0), 4, spec(std="population", eps=0)), [1.732051] + [-0.577350] * 3)
 
 
 def test_one_of_four():
-    close(group_advantages(t(1, 0, 0, 0), 4, eps=0), [1.5, -0.5, -0.5, -0.5])
+    close(group_advantages(t(1, 0, 0, 0), 4, spec(eps=0)), [1.5, -0.5, -0.5, -0.5])
 
 
 def test_style_two_completion_examples():
     # STYLE 8.5: G = 2, rewards [1, 0]: population std 0.5 → ±0.9998 (eps 1e-4); sample std 0.7071 → ±0.7070
-    close(group_advantages(t(1, 0), 2, std="population"), [0.5 / 0.5001, -0.5 / 0.5001])
-    close(group_advantages(t(1, 0), 2), [0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4)])
-    close(group_advantages(t(1, 0), 2, scale="none"), [0.5, -0.5])
+    close(group_advantages(t(1, 0), 2, spec(std="population")), [0.5 / 0.5001, -0.5 / 0.5001])
+    close(group_advantages(t(1, 0), 2, spec()), [0.5 / (math.sqrt(0.5) + 1e-4), -0.5 / (math.sqrt(0.5) + 1e-4)])
+    close(group_advantages(t(1, 0), 2, spec(scale="none")), [0.5, -0.5])
 
 
 @pytest.mark.parametrize("scale", ["group", "batch", "none"])
 @pytest.mark.parametrize("eps", [0.0, 1e-4])
 def test_equal_rewards_give_exact_zero(scale, eps):
-    adv = group_advantages(t(1, 1, 1, 1, 0.1, 0.1, 0.1, 0.1), 4, scale=scale, eps=eps)
+    adv = group_advantages(t(1, 1, 1, 1, 0.1, 0.1, 0.1, 0.1), 4, spec(scale=scale, eps=eps))
     assert torch.equal(adv, torch.zeros(8, dtype=torch.float64))
 
 
 def test_batch_scaling():
     # SPEC 2.3: both groups together, batch std sqrt(2/7) = 0.534522 → ±0.935414; TRL's ε → ±0.935239
     r = t(1, 0, 0, 1, 0, 0, 1, 1)
-    close(group_advantages(r, 4, scale="batch", eps=0), [0.935414, -0.935414, -0.935414, 0.935414,
-                                                         -0.935414, -0.935414, 0.935414, 0.935414])
-    close(group_advantages(r, 4, scale="batch")[:1], [0.935239])
+    close(group_advantages(r, 4, spec(scale="batch", eps=0)), [0.935414, -0.935414, -0.935414, 0.935414,
+                                                               -0.935414, -0.935414, 0.935414, 0.935414])
+    close(group_advantages(r, 4, spec(scale="batch"))[:1], [0.935239])
 
 
 def test_dr_grpo_centres_only():
-    close(group_advantages(t(1, 0, 0, 0), 4, scale="none"), [0.75, -0.25, -0.25, -0.25])
+    close(group_advantages(t(1, 0, 0, 0), 4, spec(scale="none")), [0.75, -0.25, -0.25, -0.25])
 
 
 def test_group_size_one_gives_zero():
-    assert torch.equal(group_advantages(t(3, -1), 1), torch.zeros(2, dtype=torch.float64))
+    assert torch.equal(group_advantages(t(3, -1), 1, spec()), torch.zeros(2, dtype=torch.float64))
 
 
 def test_nan_rewards_are_left_out_and_get_zero():
-    adv = group_advantages(t(1, float("nan"), 0, 1), 4, eps=0)
+    adv = group_advantages(t(1, float("nan"), 0, 1), 4, spec(eps=0))
     # valid [1, 0, 1]: mean 2/3, sample std sqrt(1/3)
     close(adv, [(1 / 3) / math.sqrt(1 / 3), 0, -(2 / 3) / math.sqrt(1 / 3), (1 / 3) / math.sqrt(1 / 3)])
 
 
 def test_dtype_follows_input_and_ints_accepted():
-    assert group_advantages(torch.tensor([1.0, 0.0]), 2).dtype == torch.float32
-    close(group_advantages(torch.tensor([1, 0, 0, 1]), 4, eps=0).double(), [S3, -S3, -S3, S3])
+    assert group_advantages(torch.tensor([1.0, 0.0]), 2, spec()).dtype == torch.float32
+    close(group_advantages(torch.tensor([1, 0, 0, 1]), 4, spec(eps=0)).double(), [S3, -S3, -S3, S3])
 
 
 def test_rloo():
@@ -90,33 +92,40 @@ def test_rloo():
     assert torch.equal(rloo_advantages(t(0.1, 0.1, 0.1), 3), torch.zeros(3, dtype=torch.float64))
 
 
+def test_compute_advantages_takes_the_scale_from_the_spec():
+    close(compute_advantages(t(1, 0, 0, 1), 4, spec()), [0.865875, -0.865875, -0.865875, 0.865875])
+    close(compute_advantages(t(1, 0, 0, 0), 4, spec(scale="none")), [0.75, -0.25, -0.25, -0.25])
+    # RLOO: G/(G−1)·(r − mean); std and eps do not apply
+    close(compute_advantages(t(1, 0, 0, 1), 4, spec(scale="rloo", eps=0.5)), [2 / 3, -2 / 3, -2 / 3, 2 / 3])
+
+
 def test_process_supervision_spec_example():
     # SPEC 1.3 (1-based tokens there; 0-based step ends here)
     r = t(0.9, 0.2, 0.5, 0.0).view(2, 2)
     ends = torch.tensor([[2, 5], [3, -1]])
-    adv = process_advantages(r, ends, 2, 7, eps=0)
+    adv = process_advantages(r, ends, 2, 7, spec(eps=0))
     close(adv, [[0.094916] * 3 + [-0.949158] * 3 + [0.0], [-0.094916] * 4 + [0.0] * 3])
 
 
 def test_process_supervision_unsorted_steps_and_equal_rewards():
     r = t(0.2, 0.9, 0.5, 0.0).view(2, 2)
     ends = torch.tensor([[5, 2], [3, -1]])
-    close(process_advantages(r, ends, 2, 6, eps=0)[0], [0.094916] * 3 + [-0.949158] * 3)
-    flat = process_advantages(t(1, 1, 1, 7).view(2, 2), torch.tensor([[0, 1], [1, -1]]), 2, 3)
+    close(process_advantages(r, ends, 2, 6, spec(eps=0))[0], [0.094916] * 3 + [-0.949158] * 3)
+    flat = process_advantages(t(1, 1, 1, 7).view(2, 2), torch.tensor([[0, 1], [1, -1]]), 2, 3, spec())
     assert torch.equal(flat, torch.zeros(2, 3, dtype=torch.float64))
 
 
 @pytest.mark.parametrize("call, match", [
-    (lambda: group_advantages(t(1, 0, 1), 2), "not a multiple of group_size=2"),
-    (lambda: group_advantages(t(1, 0), 0), "group_size must be a positive integer"),
-    (lambda: group_advantages(t(1, 0), 2, scale="std"), "scale='std' is not allowed; choose one of 'group'"),
-    (lambda: group_advantages(t(1, 0), 2, std="unbiased"), "std='unbiased' is not allowed"),
-    (lambda: group_advantages(t(1, 0).view(2, 1), 2), "rewards must have 1 dimension"),
-    (lambda: group_advantages([1.0, 0.0], 2), "rewards must be a torch.Tensor"),
-    (lambda: group_advantages(t(1, 0), 2, eps=-1), "eps must be >= 0"),
+    (lambda: group_advantages(t(1, 0, 1), 2, spec()), "not a multiple of group_size=2"),
+    (lambda: group_advantages(t(1, 0), 0, spec()), "group_size must be a positive integer"),
+    (lambda: group_advantages(t(1, 0), 2, spec(scale="std")), "scale='std' is not allowed; choose one of 'group'"),
+    (lambda: group_advantages(t(1, 0), 2, spec(std="unbiased")), "std='unbiased' is not allowed"),
+    (lambda: group_advantages(t(1, 0).view(2, 1), 2, spec()), "rewards must have 1 dimension"),
+    (lambda: group_advantages([1.0, 0.0], 2, spec()), "rewards must be a torch.Tensor"),
+    (lambda: group_advantages(t(1, 0), 2, spec(eps=-1)), "eps must be >= 0"),
     (lambda: rloo_advantages(t(1, 0), 1), "group_size must be at least 2"),
-    (lambda: process_advantages(t(1, 0).view(1, 2), torch.tensor([[0]]), 1, 3), "step_ends has shape"),
-    (lambda: process_advantages(t(1, 0).view(1, 2), torch.tensor([[0, 4]]), 1, 3), "num_tokens=3"),
+    (lambda: process_advantages(t(1, 0).view(1, 2), torch.tensor([[0]]), 1, 3, spec()), "step_ends has shape"),
+    (lambda: process_advantages(t(1, 0).view(1, 2), torch.tensor([[0, 4]]), 1, 3, spec()), "num_tokens=3"),
 ])
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):

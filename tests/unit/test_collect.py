@@ -16,6 +16,8 @@ from grpo.rollout import Rollout, Sampling
 from grpo.tasks.base import Example
 from grpo.tiny import build_char_tokenizer
 
+from algo_specs import loss_spec
+
 TOK = build_char_tokenizer()
 
 
@@ -151,13 +153,13 @@ def test_the_loss_gets_the_per_token_advantages(random_model_dir, monkeypatch):
     seen = []
     real = learn_module.policy_loss
 
-    def spy(logp, old, adv, mask, **kw):
+    def spy(logp, old, adv, mask, *args, **kw):
         seen.append((adv.clone(), mask.clone()))
-        return real(logp, old, adv, mask, **kw)
+        return real(logp, old, adv, mask, *args, **kw)
 
     monkeypatch.setattr(learn_module, "policy_loss", spy)
-    learner = Learner(module, None, torch.optim.AdamW(model.parameters(), lr=1e-3), 1.0, 8, max_rows=3,
-                      max_tokens=0, max_completion_length=8, max_grad_norm=1.0, beta=0.0)
+    learner = Learner(module, None, torch.optim.AdamW(model.parameters(), lr=1e-3), loss_spec(8, beta=0.0), 1.0, 8,
+                      max_rows=3, max_tokens=0, max_grad_norm=1.0)
     learn(learner, exp, Dist())
     assert [a.shape[0] for a, _ in seen] == [3, 1]  # micro-batches of at most 3 rows
     got = torch.zeros_like(exp.advantages)

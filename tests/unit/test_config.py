@@ -19,9 +19,10 @@ def test_defaults_are_the_grpo_preset():
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_fills_algo_fields(name):
     cfg = load_config(None, [f"algo.preset={name}"])
-    p = PRESETS[name]
+    p = PRESETS[name].values
     assert (cfg.algo.scale, cfg.algo.beta, cfg.algo.clip_low, cfg.algo.clip_high, cfg.algo.ratio_level,
-            cfg.algo.aggregation) == (p.scale, p.beta, p.clip_low, p.clip_high, p.ratio_level, p.aggregation)
+            cfg.algo.aggregation) == (p["scale"], p["beta"], p["clip_low"], p["clip_high"], p["ratio_level"],
+                                      p["aggregation"])
 
 
 def test_explicit_keys_win_over_the_preset(tmp_path):

@@ -6,7 +6,9 @@ import torch
 
 from grpo.algo import entropy_figures, entropy_threshold, policy_loss, token_logprobs, token_logprobs_from_hidden, \
     top_entropy_mask
+from grpo.algo.entropy import position_quarters, quarter_counts, quarter_index
 
+from algo_specs import loss_spec
 from test_loss import S3, close
 
 H = torch.tensor([[[1.0, -0.5]]], dtype=torch.float64)                                     # (1, 1, 2)
@@ -53,7 +55,8 @@ def test_threshold_and_mask_spec_13_5():
     # μ = 1, DAPO aggregation: the mask multiplies the policy term; the normaliser keeps all 7 tokens
     logp = torch.zeros(2, 4, dtype=torch.float64, requires_grad=True)
     adv = torch.tensor([S3, -S3], dtype=torch.float64)
-    loss, _ = policy_loss(logp, logp.detach(), adv, mask, aggregation="token_mean", is_weight=kept)
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, loss_spec(beta=0.0, aggregation="token_mean"),
+                          is_weight=kept)
     g = torch.autograd.grad(loss, logp)[0]
     close(g, [[0, -0.123718, 0, 0], [0, 0, 0.123718, 0]])
     close(loss, 0.0)  # the kept tokens have opposite advantages
@@ -62,11 +65,29 @@ def test_threshold_and_mask_spec_13_5():
 def test_entropy_figures_by_quarter():
     ent = torch.tensor([[1.0, 2.0, 3.0, 4.0, 9.0], [5.0, 6.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
-    f = entropy_figures(ent, mask)
+    quarters = position_quarters(mask, mask)  # single completions: every episode token is in the loss
+    counts = quarter_counts(quarters).tolist()
+    f = entropy_figures(ent, mask, quarter_index(quarters, counts))
     assert f["entropy"] == 21.0
     # row 1 (length 4): one token per quarter; row 2 (length 2): positions 0 and 1 fall in quarters 1 and 3
     assert [f[f"entropy/q{k}"] for k in range(1, 5)] == [6.0, 2.0, 9.0, 4.0]
-    assert [f[f"entropy/q{k}_tokens"] for k in range(1, 5)] == [2.0, 1.0, 2.0, 1.0]
+    assert counts == [2, 1, 2, 1]
+    assert all(v.dtype == torch.float64 for v in f.values())  # sums that stay on the device
+
+
+def test_entropy_quarters_of_a_tool_episode_are_quarters_of_the_episode():
+    # an episode of 8 tokens whose tokens 2-5 a tool inserted: the model's tokens 0, 1 are in the first quarter
+    # of the episode and 6, 7 in the last; quarters 2 and 3 hold no loss token (their mean is logged as null)
+    ent = torch.tensor([[1.0, 2.0, 9.0, 9.0, 9.0, 9.0, 3.0, 5.0]])
+    episode = torch.ones(1, 8, dtype=torch.long)
+    mask = torch.tensor([[1, 1, 0, 0, 0, 0, 1, 1]])
+    quarters = position_quarters(mask, episode)
+    counts = quarter_counts(quarters).tolist()
+    f = entropy_figures(ent, mask, quarter_index(quarters, counts))
+    assert counts == [2, 0, 0, 2]  # by share of the 4 loss tokens it would be 1, 1, 0, 2
+    assert [f[f"entropy/q{k}"].item() for k in range(1, 5)] == [3.0, 0.0, 0.0, 8.0]
+    assert f["entropy/q1"] / counts[0] == 1.5 and f["entropy/q4"] / counts[3] == 4.0  # the means per quarter
+    assert f["entropy"] == 11.0
 
 
 def test_bad_keep():

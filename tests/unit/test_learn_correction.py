@@ -15,6 +15,7 @@ from grpo.models import load_model
 from grpo.policy import LogprobModule
 from grpo.rewards import last_number
 
+from algo_specs import loss_spec
 from test_collect import Scripted, collector, stream
 
 # group 0: rewards 1, 0; group 1: rewards 0, 1 (last_number against the answer "1")
@@ -33,10 +34,10 @@ def setup(random_model_dir):
 
 def _run(model, exp, *, rows=8, mu=1, mode="token_tis", cap=2.0):
     model = copy.deepcopy(model)
-    lr = Learner(LogprobModule(model), None, torch.optim.SGD(model.parameters(), lr=0.1), 1.0, 8, max_rows=rows,
-                 max_tokens=0, max_completion_length=8, max_grad_norm=0.0, beta=0.0, num_iterations=mu,
-                 correction=mode, correction_cap=cap)
-    return learn(lr, exp, Dist()), model
+    spec = loss_spec(8, beta=0.0, num_iterations=mu, sampler_correction=mode, sampler_correction_cap=cap)
+    learner = Learner(LogprobModule(model), None, torch.optim.SGD(model.parameters(), lr=0.1), spec, 1.0, 8,
+                      max_rows=rows, max_tokens=0, max_grad_norm=0.0)
+    return learn(learner, exp, Dist()), model
 
 
 def _with(exp, **fields):

@@ -12,6 +12,7 @@ from grpo.models import load_model
 from grpo.policy import LogprobModule
 from grpo.rewards import last_number
 
+from algo_specs import loss_spec
 from test_collect import Scripted, collector, stream
 
 EPISODES = {"p0": ["so 1", "so 22"], "p1": ["it is 3", "1"]}  # rewards 1, 0 and 0, 1
@@ -26,9 +27,9 @@ def setup(random_model_dir):
 
 def run(model, exp, *, lr=0.1, mu=1, aggregation="seq_mean", **algo):
     model = copy.deepcopy(model)
-    learner = Learner(LogprobModule(model), None, torch.optim.SGD(model.parameters(), lr=lr), 1.0, 8, max_rows=8,
-                      max_tokens=0, max_completion_length=8, max_grad_norm=0.0, beta=0.0, num_iterations=mu,
-                      aggregation=aggregation, **algo)
+    spec = loss_spec(8, beta=0.0, num_iterations=mu, aggregation=aggregation, **algo)
+    learner = Learner(LogprobModule(model), None, torch.optim.SGD(model.parameters(), lr=lr), spec, 1.0, 8,
+                      max_rows=8, max_tokens=0, max_grad_norm=0.0)
     return learn(learner, exp, Dist()), torch.cat([p.detach().flatten() for p in model.parameters()])
 
 

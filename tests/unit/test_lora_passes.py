@@ -11,6 +11,7 @@ from grpo.models import load_model
 from grpo.policy import forward_path
 from grpo.rewards import last_number
 
+from algo_specs import loss_spec
 from test_collect import Scripted, collector, stream
 
 EPISODES = {"p0": ["so 1", "so 22"], "p1": ["it is 3", "1"]}
@@ -27,9 +28,9 @@ def first_update(random_model_dir, dropout, checkpointing=True):
                 p.normal_(0, 0.5)
     path = forward_path(model, sharded=False, share_prompt=False, lean=False, autocast_bf16=False)
     trainable = wrap_for_training(model, Dist(), "ddp", path, train_mode=True)
-    lr = Learner(trainable, None, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1), 1.0,
-                 8, max_rows=8, max_tokens=0, max_completion_length=8, max_grad_norm=0.0, beta=0.0, num_iterations=2)
-    first = learn(lr, exp, Dist())[0]
+    learner = Learner(trainable, None, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
+                      loss_spec(8, beta=0.0, num_iterations=2), 1.0, 8, max_rows=8, max_tokens=0, max_grad_norm=0.0)
+    first = learn(learner, exp, Dist())[0]
     return first["ratio/mean"] / first["tokens"], first["clip/frac"]
 
 

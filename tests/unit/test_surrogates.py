@@ -6,15 +6,16 @@ import torch
 
 from grpo.algo import policy_loss
 
+from algo_specs import loss_spec
 from test_loss import S3, close, spec_batch
 
 TOKENS = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]  # (1,1), (1,2), (2,1), (2,2), (2,3) of SPEC 7.2
 
 
-def one_token(r, adv, **kwargs):
+def one_token(r, adv, **algo):
     logp = torch.tensor([[math.log(r)]], dtype=torch.float64, requires_grad=True)
     loss, stats = policy_loss(logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([adv], dtype=torch.float64),
-                              torch.ones(1, 1), aggregation="token_mean", **kwargs)
+                              torch.ones(1, 1), loss_spec(beta=0.0, aggregation="token_mean", **algo))
     return loss, torch.autograd.grad(loss, logp)[0].item(), stats
 
 
@@ -34,9 +35,9 @@ def test_dual_clip_spec_13_2(r, adv, ppo, ppo_grad, dual, dual_grad):
     assert stats["clip/dual_frac"].item() == (1.0 if adv < 0 and r > 3 else 0.0)
 
 
-def grads_and_loss(**kwargs):
+def grads_and_loss(**algo):
     logp, old, _, mask, adv = spec_batch()
-    loss, stats = policy_loss(logp, old, adv, mask, **kwargs)
+    loss, stats = policy_loss(logp, old, adv, mask, loss_spec(beta=0.0, **algo))
     g = torch.autograd.grad(loss, logp)[0]
     return loss, [g[i, t].item() for i, t in TOKENS], stats
 
@@ -75,18 +76,18 @@ def test_sapo_spec_13_4():
 def test_sapo_at_ratio_one_has_the_grpo_gradient():
     logp, _, _, mask, adv = spec_batch()
     on_policy = logp.detach()
-    sapo, _ = policy_loss(logp, on_policy, adv, mask, surrogate="sapo")
-    grpo, _ = policy_loss(logp, on_policy, adv, mask)
+    sapo, _ = policy_loss(logp, on_policy, adv, mask, loss_spec(beta=0.0, surrogate="sapo"))
+    grpo, _ = policy_loss(logp, on_policy, adv, mask, loss_spec(beta=0.0))
     close(torch.autograd.grad(sapo, logp)[0], torch.autograd.grad(grpo, logp)[0])
     close(sapo, -(2 / 1.0 * S3 - 2 / 1.05 * S3) / 2)  # the value is −2Â/τ per token, not 0
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize("algo, message", [
     (dict(surrogate="ppo"), "surrogate"),
     (dict(surrogate="cispo", dual_clip=3.0), "dual_clip bounds PPO's clipped surrogate"),
     (dict(surrogate="sapo", sapo_tau_neg=0.0), "sapo_tau_pos and sapo_tau_neg must be > 0"),
 ])
-def test_bad_surrogate_arguments(kwargs, message):
+def test_bad_surrogate_arguments(algo, message):
     logp, old, _, mask, adv = spec_batch()
-    with pytest.raises(ValueError, match=message):
-        policy_loss(logp, old, adv, mask, **kwargs)
+    with pytest.raises(ValueError, match=message):  # the spec refuses them when it is built
+        policy_loss(logp, old, adv, mask, loss_spec(beta=0.0, **algo))

@@ -1,6 +1,7 @@
 """The multi-turn tool environment (grpo/envs/tools.py): the tokens and masks of an episode, gradients only on the
 model's tokens, the limits and their stop reasons, determinism, and bad input (tools that raise, hang or return
 no string; templates without tool support; episodes past the context)."""
+import copy
 import time
 
 import pytest
@@ -14,6 +15,8 @@ from grpo.errors import DataError
 from grpo.rollout import HFGenerator, Rollout, Sampling
 from grpo.tasks import Example, load_builtin_task
 from grpo.tiny import build_char_tokenizer, build_tool_tokenizer, tiny_model_config
+
+from algo_specs import loss_spec
 
 TOK = build_tool_tokenizer()
 EOS = TOK.eos_token_id
@@ -182,17 +185,33 @@ def test_environment_tokens_get_no_gradient(random_tool_model):
     logp.retain_grad()
     adv = torch.tensor([[1.0], [-0.5]]).expand_as(logp).contiguous()
     ref = logp.detach() + 0.3 * torch.randn_like(logp)
-    loss, _ = policy_loss(logp, logp.detach(), adv, r.loss_mask, ref_logp=ref, beta=0.04, clip_low=0.2,
-                          clip_high=0.2, ratio_level="token", aggregation="seq_mean", normalizer=2.0,
-                          max_completion_length=80, kl_kind="k3")
+    spec = loss_spec(80, beta=0.04, clip_low=0.2, clip_high=0.2, ratio_level="token", aggregation="seq_mean",
+                     kl_kind="k3")
+    loss, _ = policy_loss(logp, logp.detach(), adv, r.loss_mask, spec, ref_logp=ref, normalizer=2.0)
     loss.backward()
     inserted = (r.completion_mask == 1) & (r.loss_mask == 0)
     assert inserted.sum() > 0
     assert torch.all(logp.grad[inserted] == 0)
     assert torch.all(logp.grad[r.loss_mask == 1] != 0)
-    # and the weights' gradient does not change when only the inserted tokens' log-probs would differ:
-    # the normaliser counts the model's tokens alone (seq_mean: 3 turns' tokens per episode)
-    assert int(r.loss_mask[0].sum()) == len(ids(CALL1)) + len(ids(CALL2)) + len(ids(ANSWER)) + 3
+    # the loss mask holds the model's tokens alone: 3 turns' tokens and their EOS per episode
+    n = len(ids(CALL1)) + len(ids(CALL2)) + len(ids(ANSWER)) + 3
+    assert int(r.loss_mask[0].sum()) == n
+    # and the normaliser the learner really uses counts them alone: one update at μ = 1, β = 0 with DAPO's token mean
+    # gives −Σ_i Â_i·n / (2n) = −(1 − 0.5)/2 = −0.25 (with the episode's tokens, tool results included, as the count
+    # it would be −0.25·n/(n + k) for k inserted tokens per episode; with them in the loss, −0.25·(n + k)/n)
+    from grpo.distributed import Dist
+    from grpo.experience import Experience
+    from grpo.learn import Learner, learn
+
+    exp = Experience.from_rollout(r, [EXAMPLE], adv, torch.zeros(2), {}, torch.zeros(2))
+    model = copy.deepcopy(random_tool_model)
+    learner = Learner(LogprobModule(model), None, torch.optim.SGD(model.parameters(), lr=0.1),
+                      loss_spec(80, beta=0.0, aggregation="token_mean"), 1.0, 16, max_rows=8, max_tokens=0,
+                      max_grad_norm=0.0)
+    update = learn(learner, exp, Dist())[0]
+    assert (r.completion_mask[0].sum() - n).item() > 0  # k
+    assert update["tokens"] == 2 * n
+    assert update["loss/policy"] == pytest.approx(-0.25, abs=1e-6)
 
 
 def test_max_turns_ends_an_episode_that_still_calls():
