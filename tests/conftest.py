@@ -71,3 +71,34 @@ def random_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def grpo_cli(capsys, monkeypatch):
+    """`grpo ARGS...` in this process: grpo.cli.main(argv), its exit status and what it printed, as
+    subprocess.run returns them (without the start of a Python and torch process of its own). What main sets for
+    the process (the warning format, the thread exception hook, transformers' verbosity) is put back after."""
+    import subprocess
+    import threading
+    import warnings
+
+    import transformers
+
+    from grpo.cli import main
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    verbosity = transformers.utils.logging.get_verbosity()
+
+    def run(*args) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["grpo", *argv], code, out, err)
+
+    yield run
+    transformers.utils.logging.set_verbosity(verbosity)
