@@ -29,7 +29,7 @@ from grpo.checkpoint import (config_changes, find_checkpoint, full_model_state, 
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, to_yaml, validate
 from grpo.data import PromptStream, fit_prompts
-from grpo.distributed import Dist, wrap_for_training
+from grpo.distributed import Dist, process_group, wrap_for_training
 from grpo.envs import build_environment, max_episode_tokens, prompt_formatter, prompt_limit
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
@@ -76,9 +76,12 @@ class TrainState:
 
 
 def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
-    """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables."""
+    """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables. Without `dist`, the processes
+    torchrun describes in the environment (one process without torchrun) are the run's."""
+    if dist is None:
+        with process_group() as dist:
+            return train(cfg, rewards=rewards, dist=dist)
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
-    dist = dist or Dist()
     validate(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
     if dist.is_main:
         check_installed(cfg.log.trackers)
