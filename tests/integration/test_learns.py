@@ -46,6 +46,7 @@ def test_process_reward_raises_held_out_accuracy(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_processes_learn_as_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     common = ["grpo/configs/tiny.yaml", *short(20, 200), "compute.threads=1"]
