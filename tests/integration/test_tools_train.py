@@ -31,6 +31,7 @@ def samples(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 20-40 steps of a bundled model: about a minute on 2 cores
 def test_tool_job_learns_to_call_the_calculator(tmp_path):
     # the shipped job shortened; its full figures are in docs/tools.md
     result = train(load_config(JOB, [f"train.output_dir={tmp_path}", "train.steps=20", "eval.every=0",
