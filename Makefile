@@ -30,9 +30,10 @@ $(BIN)/.trackers-installed: $(BIN)/.installed
 train: setup
 	$(BIN)/grpo train $(ARGS)
 
-# the whole suite, the vLLM backend's tests with a real engine and the trackers' tests included
+# the whole suite, the vLLM backend's tests with a real engine and the trackers' tests included: the extras
+# installed here must import, so their tests fail instead of skipping (GRPO_REQUIRE_EXTRAS, tests/conftest.py)
 test: setup-vllm $(BIN)/.trackers-installed
-	$(BIN)/python -m pytest -q $(ARGS)
+	GRPO_REQUIRE_EXTRAS="vllm wandb trackio" $(BIN)/python -m pytest -q $(ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/logprobs_memory.py

@@ -121,16 +121,12 @@ def _quiet_transformers() -> None:
 
 def _train(cfg, args) -> int:
     _quiet_transformers()
-    from grpo.distributed import init_from_env, shutdown
+    from grpo.distributed import process_group
     from grpo.runlog import summary_lines
     from grpo.trainer import train
 
-    dist = init_from_env()  # one process, or the group torchrun describes
-    try:
+    with process_group() as dist:  # one process, or the group torchrun describes
         result = train(cfg, dist=dist)
-        dist.barrier()  # every process has finished (and the group is still whole after the generator closed)
-    finally:
-        shutdown(dist)
     if not dist.is_main:
         return 0
     if result.stopped_by:

@@ -1,8 +1,9 @@
 """Process groups: the only module that talks to torch.distributed.
 
 `torchrun --nproc_per_node=N -m grpo train ...` sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-MASTER_PORT; `init_from_env` joins that group with NCCL when CUDA is available and gloo otherwise. With one
-process (plain `grpo train`) every helper is the identity, so the trainer has a single code path.
+MASTER_PORT; `init_from_env` joins that group with NCCL when CUDA is available and gloo otherwise, and
+`process_group` holds it for the length of a run (`grpo train`, and `grpo.train(cfg)` called without a `dist`).
+With one process (plain `grpo train`) every helper is the identity, so the trainer has a single code path.
 
 The policy's `LogprobModule` (`grpo.policy`) is wrapped for training by `wrap_for_training`:
 DistributedDataParallel by default, or FSDP2 (`torch.distributed.fsdp.fully_shard`, one unit per decoder layer
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -79,6 +81,27 @@ class Dist:
         if self.world_size > 1:
             import torch.distributed as td
             td.barrier()
+
+
+@contextlib.contextmanager
+def process_group() -> Iterator[Dist]:
+    """This process's `Dist` for the length of a run: the group torchrun describes in the environment, or the
+    one-process Dist without torchrun. `grpo train` and the library's `train(cfg)` both run inside it, so a script
+    launched with torchrun is one run on N processes, not N runs racing on one directory. At a normal end every
+    process waits for the others before the group is left; a group joined before (by the caller) is left alone."""
+    joins = int(os.environ.get("WORLD_SIZE", "1")) > 1 and not _initialized()
+    dist = init_from_env()
+    try:
+        yield dist
+        dist.barrier()  # every process has finished its run before the group goes
+    finally:
+        if joins:
+            shutdown(dist)
+
+
+def _initialized() -> bool:
+    import torch.distributed as td
+    return td.is_available() and td.is_initialized()
 
 
 def init_from_env() -> Dist:

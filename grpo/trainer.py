@@ -30,7 +30,7 @@ from grpo.checkpoint import find_checkpoint, load_checkpoint, resume_hint, rng_s
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, config_changes, may_change, to_yaml
 from grpo.data import PromptStream, fit_prompts
-from grpo.distributed import Dist, wrap_for_training
+from grpo.distributed import Dist, process_group, wrap_for_training
 from grpo.envs import build_environment, prompt_formatter
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
@@ -81,9 +81,12 @@ class TrainState:
 
 def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
     """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables (the run's config.yaml then
-    names them, `recorded_name`, and a resume with others is refused)."""
+    names them, `recorded_name`, and a resume with others is refused). Without `dist`, the processes torchrun
+    describes in the environment (one process without torchrun) are the run's."""
+    if dist is None:
+        with process_group() as dist:
+            return train(cfg, rewards=rewards, dist=dist)
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
-    dist = dist or Dist()
     validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
     if rewards is not None:  # the run's config says which functions it was trained with
         cfg = replace(cfg, rewards=[recorded_name(f) for f in rewards])

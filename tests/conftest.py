@@ -1,15 +1,52 @@
+"""What every test shares: the markers, a seeded RNG, a small random model, and the rule that CI fails where a
+skip would hide an optional extra it installed (GRPO_REQUIRE_EXTRAS)."""
+import importlib
 import os
 
 import pytest
 import torch
 
+pytest_plugins = ["pytester"]  # tests/unit/test_suite_rules.py runs pytest on files of its own
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+_REAL_IMPORTORSKIP = pytest.StashKey()
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: end-to-end runs of a minute or more")
     config.addinivalue_line("markers", "vllm: needs vLLM (make setup-vllm); skipped without it")
+    config.addinivalue_line("markers", "distributed: starts several processes with torchrun")
+    required = os.environ.get("GRPO_REQUIRE_EXTRAS", "").replace(",", " ").split()
+    if required:
+        config.stash[_REAL_IMPORTORSKIP] = pytest.importorskip
+        pytest.importorskip = strict_importorskip(pytest.importorskip, set(required))
+
+
+def pytest_unconfigure(config):
+    if _REAL_IMPORTORSKIP in config.stash:
+        pytest.importorskip = config.stash[_REAL_IMPORTORSKIP]
+
+
+def strict_importorskip(importorskip, required: set[str]):
+    """`pytest.importorskip`, except that a module of a package in `required` (top-level names, e.g. vllm, wandb,
+    trackio) that cannot be imported fails the test, or the collection of its file, instead of skipping it.
+
+    `make test` installs the vllm, wandb and trackio extras and sets GRPO_REQUIRE_EXTRAS to their names, so a
+    broken install fails CI where it would otherwise skip their tests unnoticed; without the variable (a developer
+    without the extras) they are skipped."""
+    def strict(modname: str, *args, **kwargs):
+        if modname.partition(".")[0] not in required:
+            return importorskip(modname, *args, **kwargs)
+        try:
+            return importlib.import_module(modname)
+        except ImportError as e:
+            error = f"{type(e).__name__}: {e}"
+        pytest.fail(f"GRPO_REQUIRE_EXTRAS names {modname.partition('.')[0]}, but import {modname} failed: {error}",
+                    pytrace=False)
+    return strict
 
 
 @pytest.fixture(autouse=True)
@@ -34,3 +71,34 @@ def random_model_dir(tmp_path_factory):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def grpo_cli(capsys, monkeypatch):
+    """`grpo ARGS...` in this process: grpo.cli.main(argv), its exit status and what it printed, as
+    subprocess.run returns them (without the start of a Python and torch process of its own). What main sets for
+    the process (the warning format, the thread exception hook, transformers' verbosity) is put back after."""
+    import subprocess
+    import threading
+    import warnings
+
+    import transformers
+
+    from grpo.cli import main
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    verbosity = transformers.utils.logging.get_verbosity()
+
+    def run(*args) -> subprocess.CompletedProcess:
+        argv = [str(a) for a in args]
+        capsys.readouterr()
+        try:
+            code = main(argv)
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(["grpo", *argv], code, out, err)
+
+    yield run
+    transformers.utils.logging.set_verbosity(verbosity)

@@ -1,4 +1,8 @@
-"""The command line: train/eval/sample run; bad configs and data give one line and a non-zero exit."""
+"""The command line: train/eval/sample run; bad configs and data give one line and a non-zero exit.
+
+Most cases call grpo.cli.main in this process (the `grpo_cli` fixture, tests/conftest.py); a fresh process is
+started where the process itself is under test: its exit status and a stderr of one line without a traceback,
+and the `grpo` command's import path."""
 import json
 import subprocess
 import sys
@@ -14,9 +18,9 @@ def grpo(*args, cwd=None):
                           cwd=cwd, timeout=300)
 
 
-def test_train_eval_sample(tmp_path, random_model_dir):
+def test_train_eval_sample(tmp_path, random_model_dir, grpo_cli):
     out = tmp_path / "run"
-    r = grpo("train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST)
+    r = grpo_cli("train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST)
     assert r.returncode == 0, r.stderr
     assert (out / "metrics.jsonl").exists()
     summary = r.stdout.strip().splitlines()[-3:]  # the end-of-run summary
@@ -24,60 +28,78 @@ def test_train_eval_sample(tmp_path, random_model_dir):
     assert summary[1].startswith("1 steps in ") and "completion tokens/s, peak memory " in summary[1]
     assert summary[2].startswith(f"outputs in {out}: model/, metrics.jsonl, samples.jsonl, chart.png")
     assert "grpo" in r.stderr  # the progress bar
-    r = grpo("eval", f"model.path={out / 'model'}", "eval.size=6", "eval.pass_k=2")
+    r = grpo_cli("eval", f"model.path={out / 'model'}", "eval.size=6", "eval.pass_k=2")
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     assert report["examples"] == 6 and 0 <= report["eval/accuracy"] <= 1 and "eval/pass@2" in report
-    r = grpo("sample", f"model.path={out / 'model'}", "--prompt", "Calculate 1 + 1 =", "-n", "3")
+    r = grpo_cli("sample", f"model.path={out / 'model'}", "--prompt", "Calculate 1 + 1 =", "-n", "3")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "Calculate 1 + 1 =" and r.stdout.count("    -> ") == 3
 
 
-def test_shipped_config_by_name(tmp_path, random_model_dir):
-    r = grpo("train", "presets/dapo", f"model.path={random_model_dir}", f"train.output_dir={tmp_path}", *FAST,
-             "log.progress=false")
+def test_shipped_config_by_name(tmp_path, random_model_dir, grpo_cli):
+    r = grpo_cli("train", "presets/dapo", f"model.path={random_model_dir}", f"train.output_dir={tmp_path}", *FAST,
+                 "log.progress=false")
     assert r.returncode == 0, r.stderr
     assert "preset: dapo" in (tmp_path / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_INPUT = [
     (["train", "train.stepz=3"], "unknown key 'train.stepz'; did you mean 'train.steps'?"),
     (["train", "algo.aggregation=sum"], "algo.aggregation='sum' is not allowed"),
     (["train", "missing.yaml"], "config 'missing.yaml' is neither a file nor a shipped config"),
     (["train", "model.path=/nonexistent/model"], "model.path '/nonexistent/model' does not exist"),
     (["eval", "rewards=[nope]"], "rewards: unknown reward 'nope'"),
     (["train", "data.path=/nonexistent/train.jsonl"], "/nonexistent/train.jsonl"),
-])
-def test_bad_input_is_one_line_and_nonzero(args, message):
-    r = grpo(*args)
+]
+
+
+def assert_one_line(r, message):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"grpo: error: {r.stderr.strip()[len('grpo: error: '):]}"]
     assert message in r.stderr
 
 
-def test_model_dir_without_weights(tmp_path):
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_is_one_line_and_nonzero(args, message, grpo_cli):
+    assert_one_line(grpo_cli(*args), message)
+
+
+def test_an_error_in_a_process_of_its_own_is_one_line_and_exit_status_2(tmp_path, random_model_dir):
+    # the process, not main(): `python -m grpo` exits with 2 and nothing else reaches its stderr (no traceback, no
+    # warning of a library imported on the way); the case that imports the most, up to loading the model
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(random_model_dir, model)
+    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    r = grpo("train", f"model.path={model}", f"train.output_dir={tmp_path / 'run'}")
+    assert_one_line(r, f"grpo: error: cannot load model.path '{model}': its weights file is damaged or incomplete")
+
+
+def test_model_dir_without_weights(tmp_path, grpo_cli):
     (tmp_path / "config.json").write_text("{}")
-    r = grpo("eval", f"model.path={tmp_path}")
+    r = grpo_cli("eval", f"model.path={tmp_path}")
     assert r.returncode == 2 and "is a directory without weights" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_bad_yaml_file(tmp_path):
+def test_bad_yaml_file(tmp_path, grpo_cli):
     f = tmp_path / "c.yaml"
     f.write_text("train:\n  steps: [1\n")
-    r = grpo("train", f)
+    r = grpo_cli("train", f)
     assert r.returncode == 2 and "is not valid YAML" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_report_of_two_real_runs(tmp_path, random_model_dir):
+def test_report_of_two_real_runs(tmp_path, random_model_dir, grpo_cli):
     """Two short runs that differ in the learning rate, compared: the legend names the difference."""
     from grpo.report import figure, load_runs
 
     for name, lr in (("slow", "1e-4"), ("fast", "1e-2")):
-        r = grpo("train", f"model.path={random_model_dir}", f"train.output_dir={tmp_path / name}", *FAST,
-                 "train.steps=3", "eval.every=2", f"train.lr={lr}", "log.progress=false")
+        r = grpo_cli("train", f"model.path={random_model_dir}", f"train.output_dir={tmp_path / name}", *FAST,
+                     "train.steps=3", "eval.every=2", f"train.lr={lr}", "log.progress=false")
         assert r.returncode == 0, r.stderr
-    r = grpo("report", tmp_path / "slow", tmp_path / "fast", "-o", tmp_path / "cmp")
+    r = grpo_cli("report", tmp_path / "slow", tmp_path / "fast", "-o", tmp_path / "cmp")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "cmp.png").stat().st_size > 10_000 and "<svg" in (tmp_path / "cmp.html").read_text()
     fig = figure(load_runs([tmp_path / "slow", tmp_path / "fast"]))
@@ -103,7 +125,7 @@ def test_a_reward_module_in_the_current_directory(tmp_path, random_model_dir):
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage"])
 @pytest.mark.parametrize("command", ["train", "eval", "sample"])
-def test_damaged_weights_are_one_line(tmp_path, random_model_dir, command, damage):
+def test_damaged_weights_are_one_line(tmp_path, random_model_dir, command, damage, grpo_cli):
     import shutil
 
     model = tmp_path / "model"
@@ -111,17 +133,17 @@ def test_damaged_weights_are_one_line(tmp_path, random_model_dir, command, damag
     weights = model / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[:len(data) // 2] if damage == "truncate" else b"not a safetensors file")
-    r = grpo(command, f"model.path={model}", f"train.output_dir={tmp_path / 'run'}")
+    r = grpo_cli(command, f"model.path={model}", f"train.output_dir={tmp_path / 'run'}")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip() == (f"grpo: error: cannot load model.path '{model}': its weights file is damaged or "
                                 f"incomplete ({r.stderr.split('incomplete (', 1)[1].split(');')[0]}); write or copy "
                                 "it again")
 
 
-def test_a_broken_reward_fails_before_the_first_evaluation_and_leaves_no_run(tmp_path, random_model_dir):
+def test_a_broken_reward_fails_before_the_first_evaluation_and_leaves_no_run(tmp_path, random_model_dir, grpo_cli):
     out = tmp_path / "run"
-    r = grpo("train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST, "eval.size=400",
-             "rewards=[tests.integration.rewards:raises]")
+    r = grpo_cli("train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST, "eval.size=400",
+                 "rewards=[tests.integration.rewards:raises]")
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().startswith("grpo: error: reward function 'tests.integration.rewards:raises' raised "
                                        "ZeroDivisionError: float division by zero on prompt ")

@@ -47,6 +47,21 @@ def assert_same(a, b, atol=1e-6):
                 assert ra[k] == rb[k], k
 
 
+# FSDP2's training pass runs every row in full, so the runs compared with it keep prompt sharing off, for the
+# reference too
+FULL = "compute.share_prompt=false"
+
+
+@pytest.fixture(scope="module")
+def one_step(random_model_dir, tmp_path_factory):
+    """One process, one step without prompt sharing, evaluated after it: the run that FSDP2 (with and without
+    torchrun) and the library under torchrun are each compared with."""
+    out = tmp_path_factory.mktemp("distributed") / "one_step"
+    grpo_train(out, random_model_dir, "train.steps=1", "eval.every=1", FULL)
+    return out
+
+
+@pytest.mark.distributed
 @pytest.mark.parametrize("extra", [
     ["algo.preset=grpo", "algo.dynamic_sampling=false", "algo.num_iterations=2"],  # beta > 0, mu > 1, seq_mean
     # step-wide token mean, batch std, dynamic sampling under a reward that leaves some groups without signal
@@ -63,33 +78,30 @@ def test_two_processes_equal_one(tmp_path, random_model_dir, extra):
         assert sum(r["sampling/groups_dropped"] for r in metrics(tmp_path / "two")[1:]) > 0
 
 
-def test_fsdp2_equals_one_process_and_its_checkpoint_loads_in_one(tmp_path, random_model_dir):
+@pytest.mark.distributed
+def test_fsdp2_equals_one_process_and_its_checkpoint_loads_in_one(tmp_path, random_model_dir, one_step):
     # rewards are all zero on a random model, so the first step's gradient is the KL term's alone: exactly zero
     # where the reference and policy log-probs agree bit for bit, and rounding noise that AdamW magnifies to
-    # lr-sized steps where they do not. FSDP2's training pass runs every row in full, so prompt sharing is off
-    # in both runs, for the reference too
-    full = "compute.share_prompt=false"
-    grpo_train(tmp_path / "one", random_model_dir, "train.steps=2", "eval.every=1", full)
+    # lr-sized steps where they do not: hence prompt sharing off in every run compared
+    grpo_train(tmp_path / "one", random_model_dir, "train.steps=2", "eval.every=1", FULL)
     grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "compute.sharding=fsdp", "train.save_every=1",
-               "eval.every=1", full, nproc=2)
+               "eval.every=1", FULL, nproc=2)
     ckpt = tmp_path / "fsdp" / "checkpoints" / "step-00000001"
     assert (ckpt / "COMPLETE").exists()
     # the sharded run's final weights equal one process's after the same step
-    grpo_train(tmp_path / "one_step", random_model_dir, "train.steps=1", "eval.every=1", full)
-    assert_same(tmp_path / "one_step", tmp_path / "fsdp", atol=1e-5)
+    assert_same(one_step, tmp_path / "fsdp", atol=1e-5)
     # ... and its checkpoint resumes in a single process, ending where the single-process run ends
-    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=2", "train.resume=auto", "eval.every=1", full)
+    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=2", "train.resume=auto", "eval.every=1", FULL)
     assert_same(tmp_path / "one", tmp_path / "fsdp", atol=1e-5)
 
 
-def test_fsdp2_in_one_process_without_torchrun(tmp_path, random_model_dir):
+def test_fsdp2_in_one_process_without_torchrun(tmp_path, random_model_dir, one_step):
     # plain `grpo train compute.sharding=fsdp`: a process group of one is made for FSDP2 (it needs one)
-    full = "compute.share_prompt=false"
-    grpo_train(tmp_path / "one", random_model_dir, "train.steps=1", "eval.every=1", full)
-    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "eval.every=1", full, "compute.sharding=fsdp")
-    assert_same(tmp_path / "one", tmp_path / "fsdp", atol=1e-5)
+    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "eval.every=1", FULL, "compute.sharding=fsdp")
+    assert_same(one_step, tmp_path / "fsdp", atol=1e-5)
 
 
+@pytest.mark.distributed
 def test_a_checkpoint_the_main_process_cannot_write_stops_every_process(tmp_path, random_model_dir):
     import resource
 
@@ -101,3 +113,29 @@ def test_a_checkpoint_the_main_process_cannot_write_stops_every_process(tmp_path
                        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     assert r.returncode != 0  # and it did not hang: rank 1 was told instead of waiting for rank 0
     assert r.stderr.count("grpo: error: could not write the checkpoint of step 1") == 2, r.stderr[-3000:]
+
+
+DEFAULT_JOB = str(Path(__file__).resolve().parents[2] / "grpo" / "configs" / "tiny.yaml")  # what `grpo train` reads
+SCRIPT = """
+import sys
+from grpo import load_config, train
+
+result = train(load_config(sys.argv[1], sys.argv[2:]))
+print(f"steps done: {result.steps_done}")
+"""
+
+
+@pytest.mark.distributed
+def test_the_library_under_torchrun_is_one_run_on_every_process(tmp_path, random_model_dir, one_step):
+    # a script calling grpo.train(cfg), without a dist, launched with torchrun: one run of two processes, as
+    # `grpo train` is, not two one-process runs racing on one directory
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "two"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(script), DEFAULT_JOB, f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST,
+                        "train.steps=1", "eval.every=1", FULL], capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.count("steps done: 1") == 2  # both processes return the run's result
+    assert r.stdout.count("held-out accuracy") == 2, r.stdout  # the main process alone reports (steps 0 and 1)
+    assert_same(one_step, out)

@@ -1,6 +1,8 @@
 """kill -9 in each phase of a run (sampling, rewards, the update, evaluation, logging, a checkpoint write, the
-final save): `train.resume=auto` always reads what the killed run left and ends in the state of a run that was
-never killed, bit for bit (metrics, samples, weights)."""
+final save), and again and again in one run (at start-up after a resume, in a checkpoint's weights, while old
+checkpoints are deleted): `train.resume=auto` always reads what the killed runs left and ends in the state of a run
+that was never killed, bit for bit (metrics, samples, weights). Each killed run is a process of its own; the
+resume that finishes runs in this one."""
 import subprocess
 import sys
 
@@ -65,6 +67,16 @@ elif phase == "final_save":  # the weights written, the tokenizer half-way
     from transformers import PreTrainedTokenizerBase
     inject(PreTrainedTokenizerBase, "save_pretrained",
            half_write=lambda self, d, *a: (Path(d) / "tokenizer.json").write_text('{"version"'))
+elif phase == "checkpoint_weights":  # a checkpoint's model.safetensors half-way
+    import grpo.checkpoint as checkpoint
+    inject(checkpoint, "_save_tensors", half_write=lambda tensors, path: Path(path).write_bytes(b"torn"))
+elif phase == "resumed_start":  # a resumed run at start-up (step 0: before its first step), its logs cut back
+    import grpo.metrics as metrics
+    inject(metrics, "_truncate")
+elif phase == "prune":  # deleting the checkpoints beyond train.keep_last: the oldest half-way (its weights gone)
+    import grpo.checkpoint as checkpoint
+    inject(checkpoint, "_prune",
+           half_write=lambda root, keep: (sorted(Path(root).glob("step-*"))[0] / "model.safetensors").unlink())
 else:
     raise SystemExit(f"unknown phase {phase}")
 
@@ -100,15 +112,27 @@ def straight(random_model_dir, tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("phase, step, call", CASES, ids=[f"{p}-step{s}" for p, s, _ in CASES])
-def test_kill_9_in_each_phase_resumes_to_the_same_end_state(phase, step, call, straight, random_model_dir, tmp_path):
+def kill(tmp_path, model_dir, out, phase, step, call, *extra):
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
-    out = tmp_path / "killed"
     killed = subprocess.run([sys.executable, str(script), phase, str(step), str(call),
-                             *grpo_train(random_model_dir, out)], capture_output=True, text=True, timeout=600)
+                             *grpo_train(model_dir, out, *extra)], capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr  # it died where it was meant to, not later
+
+
+def resume(grpo_cli, model_dir, out, *extra):
+    """train.resume=auto to the end, in this process."""
+    resumed = grpo_cli(*grpo_train(model_dir, out, *extra, "train.resume=auto"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "Traceback" not in resumed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase, step, call", CASES, ids=[f"{p}-step{s}" for p, s, _ in CASES])
+def test_kill_9_in_each_phase_resumes_to_the_same_end_state(phase, step, call, straight, random_model_dir, tmp_path,
+                                                            grpo_cli):
+    out = tmp_path / "killed"
+    kill(tmp_path, random_model_dir, out, phase, step, call)
     assert not (out / "model").exists()  # never a half-written final model
     # what the kill left is there for the resume to cope with
     if phase == "logging":  # a torn line
@@ -117,10 +141,31 @@ def test_kill_9_in_each_phase_resumes_to_the_same_end_state(phase, step, call, s
         assert [p.name[:18] for p in (out / "checkpoints").glob(".tmp-*")] == [f".tmp-step-{step:08d}"]
     if phase == "final_save":  # a half-written model beside its place
         assert len(list(out.glob(".tmp-model-*"))) == 1 and (out / "checkpoints" / "step-00000004").is_dir()
-    resumed = subprocess.run([sys.executable, "-m", "grpo", *grpo_train(random_model_dir, out, "train.resume=auto")],
-                             capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "Traceback" not in resumed.stderr
+    resume(grpo_cli, random_model_dir, out)
     assert_same_run(straight, out)
     assert [r["step"] for r in rows(out)] == [0, 1, 2, 3, 4]
+    assert not list(out.rglob(".tmp-*")) and not list(out.rglob(".old-*"))  # nothing left behind
+
+
+@pytest.mark.slow
+def test_killed_again_and_again_it_resumes_to_the_same_end_state(straight, random_model_dir, tmp_path, grpo_cli):
+    """One run directory, a checkpoint every step (keep_last=2), killed three times: a fresh run, then two resumed
+    ones, each where the phases above do not reach; then resumed to the end."""
+    out, every_step = tmp_path / "killed", ["train.save_every=1", "train.resume=auto"]
+    ckpts = lambda: sorted(p.name for p in (out / "checkpoints").iterdir())  # noqa: E731
+    # a fresh run: step 1 checkpointed, then killed half-way through the weights of the step-2 checkpoint
+    kill(tmp_path, random_model_dir, out, "checkpoint_weights", 2, 1, *every_step)
+    assert [p[:18] for p in ckpts()] == [".tmp-step-00000002", "step-00000001"]
+    assert [r["step"] for r in rows(out)] == [0, 1, 2]
+    # resumed from step 1, killed at start-up once it has cut its logs back to step 1
+    kill(tmp_path, random_model_dir, out, "resumed_start", 0, 2, *every_step)
+    assert [r["step"] for r in rows(out)] == [0, 1]
+    # resumed from step 1 again: steps 2 and 3 checkpointed, killed while it deletes step 1's (keep_last=2)
+    kill(tmp_path, random_model_dir, out, "prune", 2, 1, *every_step)
+    assert ckpts() == ["step-00000001", "step-00000002", "step-00000003"]
+    assert not (out / "checkpoints" / "step-00000001" / "model.safetensors").exists()
+    resume(grpo_cli, random_model_dir, out, *every_step)
+    assert_same_run(straight, out)
+    assert [r["step"] for r in rows(out)] == [0, 1, 2, 3, 4]
+    assert ckpts() == ["step-00000003", "step-00000004"]  # the half-deleted one went with step 2's
     assert not list(out.rglob(".tmp-*")) and not list(out.rglob(".old-*"))  # nothing left behind

@@ -24,6 +24,7 @@ def short(steps, eval_size):
     return [o.replace("STEPS", str(steps)).replace("EVAL", str(eval_size)) for o in SHORT]
 
 
+@pytest.mark.slow  # 20-40 steps of a bundled model: about a minute on 2 cores
 def test_short_run_raises_held_out_accuracy(tmp_path):
     result = train(load_config("grpo/configs/tiny.yaml", [f"train.output_dir={tmp_path}", *short(40, 400)]))
     before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
@@ -35,6 +36,7 @@ def test_short_run_raises_held_out_accuracy(tmp_path):
     assert after >= before + 0.10, (before, after)                                    # and held-out accuracy
 
 
+@pytest.mark.slow  # 20-40 steps of a bundled model: about a minute on 2 cores
 def test_process_reward_raises_held_out_accuracy(tmp_path):
     # the shipped process-supervision job, shortened: each worked step is rewarded, accuracy is the last number's
     result = train(load_config("grpo/configs/tiny_process.yaml", [f"train.output_dir={tmp_path}", *short(25, 400)]))
@@ -46,6 +48,7 @@ def test_process_reward_raises_held_out_accuracy(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_processes_learn_as_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     common = ["grpo/configs/tiny.yaml", *short(20, 200), "compute.threads=1"]

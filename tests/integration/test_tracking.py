@@ -197,6 +197,7 @@ def test_a_resumed_run_continues_the_same_tracked_runs(tmp_path, random_model_di
     assert rows[3]["perf/elapsed_seconds"] > rows[2]["perf/elapsed_seconds"]
 
 
+@pytest.mark.distributed
 def test_only_the_main_process_reports(tmp_path, random_model_dir, project):
     out = tmp_path / "two"
     args = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "grpo", "train",
