@@ -1,5 +1,6 @@
-"""Loop steps 1–4, prompts → `Experience`: draw this process's prompts, run them through the environment (and so
-the generator), score the episodes with the reward functions, and turn the rewards into per-token advantages.
+"""Loop steps 3–4, episodes → `Experience`: score this process's episodes (`grpo.sampling` draws and samples
+them) with the reward functions, choose the groups of the step (dynamic sampling), and turn the rewards into
+per-token advantages. The collectives of steps 1–4 are all here.
 
 Advantages (SPEC 1.2, 1.3, 2):
 - outcome rewards (floats): the weighted total of the outcome functions is normalised within its group
@@ -16,8 +17,11 @@ Dynamic sampling (`algo.dynamic_sampling`, DAPO §3.2, SPEC 13.8): a group is dr
 outcome totals, and its pooled step rewards) are equal, or when none of its tokens is in the loss; more prompts
 are drawn, `train.prompts_per_step` a round, until the step has that many informative groups (the surplus of the
 last round is dropped) or `algo.max_sampling_rounds` rounds are spent; then the step is filled up with dropped
-groups in the order drawn (advantage 0) and `sampling/filled_groups` says how many. Every process sees every round's groups, so the choice
-and the order are the same for any number of processes, and each prompt's seed is its position in the stream.
+groups in the order drawn (advantage 0) and `sampling/filled_groups` says how many. Each process samples and
+judges its own share of every round (a group never spans processes); only the verdicts and the rewards are
+gathered, so every process makes the same choice, in the order drawn, for any number of processes, and each
+prompt's seed is its position in the stream. Then only the chosen groups move: each from the process that
+sampled it to the one that trains it (the k-th process trains the k-th equal share of the chosen groups).
 """
 from __future__ import annotations
 
@@ -29,13 +33,13 @@ import torch
 from grpo.algo import AdvantageSpec, compute_advantages, informative_groups, process_advantages
 from grpo.data import PromptStream
 from grpo.distributed import Dist
-from grpo.envs import Environment
 from grpo.envs.base import episode_fields
 from grpo.rewards import example_fields
 from grpo.experience import Experience, trained_tokens
-from grpo.rewards import Scores, score
-from grpo.rollout import TRAIN, Generator, Rollout, Sampling, sampling_seed
-from grpo.rollout.base import concat_rollouts
+from grpo.rewards import score
+from grpo.rollout import Rollout
+from grpo.rows import Rows, column
+from grpo.sampling import Sampled, Sampler, sample
 from grpo.tasks.base import Example
 
 
@@ -43,20 +47,12 @@ from grpo.tasks.base import Example
 class Collector:
     """Everything `collect` needs that is fixed for a run, bound once when the trainer builds it."""
 
-    environment: Environment
-    generator: Generator
-    rewards: Sequence[tuple[str, object]]   # (name, reward function)
+    sampler: Sampler                         # prompts -> episodes (`grpo.sampling`)
+    rewards: Sequence[tuple[str, object]]    # (name, reward function)
     weights: Sequence[float] | None
-    sampling: Sampling                       # n = G
     tokenizer: object                        # maps process-reward steps to tokens
     prompts_per_step: int
-    seed: int
-    scale: str = "group"
-    std: str = "sample"
-    eps: float = 1e-4
-    mask_truncated: bool = False
-    dynamic_sampling: bool = False
-    max_sampling_rounds: int = 1
+    spec: AdvantageSpec                      # advantages and dynamic sampling (algo.*)
 
     @property
     def pad_id(self) -> int:  # what joined rounds are padded with
@@ -65,54 +61,59 @@ class Collector:
 
 
 @dataclass
-class _Scored:
-    """Scored episodes of whole groups, before advantages."""
+class Scored(Rows):
+    """Scored episodes of whole groups, before advantages: a rollout's rows with their rewards."""
 
-    rollout: Rollout
-    examples: list[Example]
-    scores: Scores
-    step_ends: torch.Tensor             # (N, K) token index of each process step's end, -1 for padding (K >= 1)
-    step_rewards: torch.Tensor          # (N, K) its weighted reward
+    rollout: Rollout = column("nested")
+    group: torch.Tensor = column("group")           # (N,) long: the row's group, an index into `examples`
+    examples: list[Example] = column("groups")      # one per group
+    total: torch.Tensor = column("rows")            # (N,) `grpo.rewards.Scores`' fields, row by row
+    per_fn: dict[str, torch.Tensor] = column("by_name")
+    outcome: torch.Tensor = column("rows")
+    steps: list = column("items")
+    step_ends: torch.Tensor = column("padded", fill=-1)     # (N, K) token index of each process step's end, -1 for
+                                                            # padding (K >= 1)
+    step_rewards: torch.Tensor = column("padded", fill=0.0)  # (N, K) its weighted reward
 
 
 def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     """This process's share of the next step's episodes, scored, with advantages."""
-    if not c.dynamic_sampling:
-        scored = _sample_round(c, stream, dist)
-        return _experience(c, scored, dist, everyone=False)
-    kept: list[tuple[_Scored, int]] = []     # (round, group) of the informative groups, in the order drawn
-    dropped: list[tuple[_Scored, int]] = []
-    rounds = drawn = 0
+    if not c.spec.dynamic_sampling:
+        return _experience(c, _score(c, sample(c.sampler, stream, dist.rank, dist.world_size)), dist)
+    g, share = c.sampler.sampling.n, c.prompts_per_step // dist.world_size  # share: groups a process samples a round
+    rounds: list[Scored] = []                # this process's share of each round
+    kept: list[tuple[int, int]] = []         # (round, group of the round) of the informative groups, in the order drawn
+    dropped: list[tuple[int, int]] = []
     totals = []                              # every drawn completion's reward, dropped groups included
-    while len(kept) < c.prompts_per_step and rounds < c.max_sampling_rounds:
-        whole = _everyone(_sample_round(c, stream, dist), dist, c.pad_id)  # the round's groups, every process's
-        rounds, drawn = rounds + 1, drawn + len(whole.examples)
-        totals.append(whole.scores.total.double().cpu())
-        for g, ok in enumerate(_informative(c, whole).tolist()):
-            (kept if ok else dropped).append((whole, g))
+    while len(kept) < c.prompts_per_step and len(rounds) < c.spec.max_sampling_rounds:
+        mine = _score(c, sample(c.sampler, stream, dist.rank, dist.world_size))
+        rounds.append(mine)
+        # every process's rewards and verdicts of the round, in one collective (rank order is the order drawn)
+        both = dist.gather(torch.cat([mine.total.double().cpu(), _informative(c, mine).double()]))
+        both = both.view(dist.world_size, share * g + share)
+        totals.append(both[:, :share * g].reshape(-1))
+        for j, ok in enumerate(both[:, share * g:].reshape(-1).bool().tolist()):
+            (kept if ok else dropped).append((len(rounds) - 1, j))
+    drawn = len(rounds) * c.prompts_per_step
     filled = max(0, c.prompts_per_step - len(kept))
     chosen = kept[:c.prompts_per_step] + dropped[:filled]
-    stats = {"sampling/rounds": rounds, "sampling/prompts_drawn": drawn,
+    stats = {"sampling/rounds": len(rounds), "sampling/prompts_drawn": drawn,
              "sampling/groups_dropped": drawn - len(kept), "sampling/filled_groups": filled,
              "sampling/reward_mean": torch.cat(totals).nanmean().item()}  # NaN (logged null) if none applied
-    g = c.sampling.n
-    picked = _concat([_select(s, range(i * g, (i + 1) * g)) for s, i in chosen], c.pad_id)
-    return _experience(c, picked, dist, everyone=True, stats=stats)
+    return _experience(c, _route(c, rounds, chosen, share, dist), dist, stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------------------
-# one round: sample and score this process's share
+# scoring: this process's episodes, no collectives
 
-def _sample_round(c: Collector, stream: PromptStream, dist: Dist) -> _Scored:
-    first = stream.drawn
-    examples = _shard(stream.next_batch(), dist)
-    seeds = _shard([sampling_seed(c.seed, TRAIN, first + i) for i in range(c.prompts_per_step)], dist)
-    rollout = c.environment.rollout(c.generator, examples, c.sampling, seeds)
-    g = c.sampling.n
-    prompts = [e.prompt for e in examples for _ in range(g)]
-    scores = score(c.rewards, c.weights, prompts, rollout.texts,
-                   {**example_fields(examples, g), **episode_fields(rollout), "completion_ids": _ids(rollout)})
-    return _Scored(rollout, list(examples), scores, *_step_tensors(c.tokenizer, rollout, scores.steps))
+def _score(c: Collector, s: Sampled) -> Scored:
+    g, r = c.sampler.sampling.n, s.rollout
+    prompts = [e.prompt for e in s.examples for _ in range(g)]
+    scores = score(c.rewards, c.weights, prompts, r.texts,
+                   {**example_fields(s.examples, g), **episode_fields(r), "completion_ids": _ids(r)})
+    group = torch.arange(len(s.examples), device=r.completion_ids.device).repeat_interleave(g)
+    return Scored(r, group, list(s.examples), scores.total, scores.per_fn, scores.outcome, scores.steps,
+                  *_step_tensors(c.tokenizer, r, scores.steps))
 
 
 def probe_rewards(rewards, weights, tokenizer, example: Example, *, multi_turn: bool) -> None:
@@ -130,11 +131,6 @@ def probe_rewards(rewards, weights, tokenizer, example: Example, *, multi_turn: 
 def _ids(rollout: Rollout) -> list[list[int]]:
     """Each completion's generated token ids, EOS included, padding not (TRL's `completion_ids`)."""
     return [row[:n].tolist() for row, n in zip(rollout.completion_ids, rollout.lengths.tolist())]
-
-
-def _shard(batch: list, dist: Dist) -> list:
-    k = len(batch) // dist.world_size
-    return batch[dist.rank * k:(dist.rank + 1) * k]
 
 
 def _step_tensors(tokenizer, rollout: Rollout, steps: list[list[tuple[int, float]]]):
@@ -171,85 +167,53 @@ def _token_of(tokenizer, ids: list[int], end: int, text: str, length: int) -> in
 
 
 # ---------------------------------------------------------------------------------------------------------
-# dynamic sampling: every process's groups, the informative ones, a chosen set
+# dynamic sampling: the informative groups, the chosen ones moved to the processes that train them
 
-def _everyone(mine: _Scored, dist: Dist, pad_id: int) -> _Scored:
-    """The round's groups of every process, in rank order (which is the order drawn)."""
-    if dist.world_size == 1:
-        return mine
-    device = mine.rollout.completion_ids.device
-    parts = dist.gather_objects(_map(mine, lambda x: x.cpu()))
-    return _map(_concat(parts, pad_id), lambda x: x.to(device))
-
-
-def _map(s: _Scored, fn) -> _Scored:
-    """`s` with `fn` applied to every tensor in it."""
-    sc = s.scores
-    scores = Scores(fn(sc.total), {k: fn(v) for k, v in sc.per_fn.items()}, fn(sc.outcome), sc.steps)
-    return _Scored(s.rollout.map(fn), s.examples, scores, fn(s.step_ends), fn(s.step_rewards))
-
-
-def _informative(c: Collector, s: _Scored) -> torch.Tensor:
+def _informative(c: Collector, s: Scored) -> torch.Tensor:
     """(groups,) bool: the group's outcome totals, or its pooled step rewards, are not all equal, and some of its
     tokens are in the loss (with `algo.mask_truncated`, a group of truncated episodes teaches nothing)."""
-    g = c.sampling.n
+    g = c.sampler.sampling.n
     pooled = torch.where(s.step_ends >= 0, s.step_rewards.double(), float("nan"))
-    learns = trained_tokens(s.rollout, c.mask_truncated).sum(1).cpu() > 0
-    return ((informative_groups(s.scores.outcome, g).cpu()
+    learns = trained_tokens(s.rollout, c.spec.mask_truncated).sum(1).cpu() > 0
+    return ((informative_groups(s.outcome, g).cpu()
              | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
             & learns.view(-1, g).any(dim=1))
 
 
-def _select(s: _Scored, rows: range) -> _Scored:
-    """These rows of `s` (whole groups)."""
-    g = len(s.rollout) // len(s.examples)
-    index = torch.tensor(list(rows))
-    sc = s.scores
-    scores = Scores(sc.total[index], {k: v[index] for k, v in sc.per_fn.items()}, sc.outcome[index],
-                    [sc.steps[r] for r in rows])
-    take = index.to(s.step_ends.device)
-    return _Scored(s.rollout.select(rows), s.examples[rows.start // g:rows.stop // g], scores, s.step_ends[take],
-                   s.step_rewards[take])
-
-
-def _concat(parts: list[_Scored], pad_id: int) -> _Scored:
-    if len(parts) == 1:
-        return parts[0]
-    rollout = concat_rollouts([p.rollout for p in parts], pad_id)
-    first = parts[0].scores
-    scores = Scores(torch.cat([p.scores.total for p in parts]),
-                    {k: torch.cat([p.scores.per_fn[k] for p in parts]) for k in first.per_fn},
-                    torch.cat([p.scores.outcome for p in parts]), [s for p in parts for s in p.scores.steps])
-    k = max(p.step_ends.shape[1] for p in parts)
-    pad = lambda x, v: torch.nn.functional.pad(x, (0, k - x.shape[1]), value=v)  # noqa: E731
-    ends = torch.cat([pad(p.step_ends, -1) for p in parts])
-    return _Scored(rollout, [e for p in parts for e in p.examples], scores, ends,
-                   torch.cat([pad(p.step_rewards, 0.0) for p in parts]))
+def _route(c: Collector, rounds: list[Scored], chosen: list[tuple[int, int]], share: int, dist: Dist) -> Scored:
+    """This process's share of the `chosen` (round, group) pairs, in their order: the k-th process trains the k-th
+    equal share. Each group moves from the process that sampled it (group j of a round is process j // share's)
+    to the one that trains it, and no other row moves."""
+    g, per = c.sampler.sampling.n, len(chosen) // dist.world_size
+    moving = dist.world_size > 1  # between processes through the CPU
+    outgoing: list[list[tuple[int, Scored]]] = [[] for _ in range(dist.world_size)]
+    for at, (r, j) in enumerate(chosen):
+        if j // share == dist.rank:
+            i = j % share
+            rows = rounds[r].select(range(i * g, (i + 1) * g))
+            outgoing[at // per].append((at, rows.map(lambda x: x.cpu()) if moving else rows))
+    incoming = sorted((item for part in dist.exchange(outgoing) for item in part), key=lambda item: item[0])
+    mine = Scored.concat([rows for _, rows in incoming], c.pad_id)
+    return mine.map(lambda x: x.to(rounds[0].rollout.completion_ids.device)) if moving else mine
 
 
 # ---------------------------------------------------------------------------------------------------------
 # advantages
 
-def _experience(c: Collector, s: _Scored, dist: Dist, *, everyone: bool, stats: dict | None = None) -> Experience:
-    """Advantages of `s`, then this process's Experience. `everyone`: `s` holds every process's groups and this
-    process keeps its share; else it holds this process's alone, and the rewards are gathered."""
-    g = c.sampling.n
-    if everyone:
-        all_rewards, outcome = s.scores.total, s.scores.outcome
-        n = len(s.rollout) // dist.world_size
-    else:  # every process's rewards, in one collective (batch std needs them all; logging too)
-        n = len(s.rollout)
-        both = dist.gather(torch.cat([s.scores.total, s.scores.outcome])).view(dist.world_size, 2, n)
-        all_rewards, outcome = both[:, 0].reshape(-1), both[:, 1].reshape(-1)
+def _experience(c: Collector, s: Scored, dist: Dist, stats: dict | None = None) -> Experience:
+    """Advantages of this process's groups `s` from every process's rewards, and its Experience."""
+    g, spec = c.sampler.sampling.n, c.spec
+    n = len(s)
+    # every process's rewards, in one collective (batch std needs them all; logging too)
+    both = dist.gather(torch.cat([s.total, s.outcome])).view(dist.world_size, 2, n)
+    all_rewards, outcome = both[:, 0].reshape(-1), both[:, 1].reshape(-1)
     # outcome advantages from every process's rewards (0 where no outcome reward applies), then this process's
-    out = compute_advantages(outcome, g, AdvantageSpec.from_algo(c))[dist.rank * n:(dist.rank + 1) * n]
-    if everyone:
-        s = _select(s, range(dist.rank * n, (dist.rank + 1) * n))
+    out = compute_advantages(outcome, g, spec)[dist.rank * n:(dist.rank + 1) * n]
     r = s.rollout
     width = r.completion_ids.shape[1]
     adv = torch.zeros(n, width, dtype=torch.float32, device=r.completion_ids.device)
     adv += out.to(adv.device).unsqueeze(1)
     if (s.step_ends >= 0).any():  # groups never span processes: the pooled statistics are each group's own
-        adv += process_advantages(s.step_rewards, s.step_ends, g, width, AdvantageSpec.from_algo(c)).to(adv.device)
-    return Experience.from_rollout(r, s.examples, adv, s.scores.total, s.scores.per_fn, all_rewards,
-                                   mask_truncated=c.mask_truncated, stats=stats)
+        adv += process_advantages(s.step_rewards, s.step_ends, g, width, spec).to(adv.device)
+    return Experience.from_rollout(r, s.examples, adv, s.total, s.per_fn, all_rewards,
+                                   mask_truncated=spec.mask_truncated, stats=stats)

@@ -77,6 +77,21 @@ class Dist:
         td.all_gather_object(out, obj)
         return out
 
+    def exchange(self, parts: list) -> list:
+        """Picklable objects from every process to every process: `parts[d]` goes to process d (one entry per
+        process); returns what each process sent to this one, in rank order. Nothing goes where it is not sent."""
+        if len(parts) != self.world_size:
+            raise ValueError(f"exchange needs one part per process ({self.world_size}), got {len(parts)}")
+        if self.world_size == 1:
+            return list(parts)
+        import torch.distributed as td
+        out = []
+        for src in range(self.world_size):  # each process in turn scatters its parts
+            got = [None]
+            td.scatter_object_list(got, list(parts) if self.rank == src else None, src=src)
+            out.append(got[0])
+        return out
+
     def barrier(self) -> None:
         if self.world_size > 1:
             import torch.distributed as td

@@ -1,8 +1,8 @@
 """The GRPO training loop, top to bottom as SPEC section 9 lists it (docs/training.md draws it):
 
     for each step:
-      1-4. collect: this process's prompts → environment and generator (G episodes each) → rewards →
-           per-token advantages, as one `Experience` (grpo/collect.py)
+      1-4. collect: this process's prompts → environment and generator (G episodes each, grpo/sampling.py) →
+           rewards → per-token advantages, as one `Experience` (grpo/collect.py)
       5-7. learn: the step-wide loss normaliser, reference and old log-probs, μ updates over micro-batches
            (grpo/learn.py)
       8.   the generator samples from the new weights (`Generator.sync_weights`)
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from grpo.algo import LossSpec
+from grpo.algo import AdvantageSpec, LossSpec
 from grpo.budgets import max_episode_tokens, prompt_limit
 from grpo.checkpoint import find_checkpoint, load_checkpoint, resume_hint, rng_states, save_checkpoint
 from grpo.collect import Collector, collect, probe_rewards
@@ -45,6 +45,7 @@ from grpo.rewards import RewardFn, build_rewards, recorded_name, resolve_reward,
 from grpo.rundir import claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling
+from grpo.sampling import Sampler
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
 from grpo.tasks import load_task
@@ -248,10 +249,9 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                                    alpha=a.ref_sync_alpha, lora=is_lora(policy))
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
     generator = build_generator(policy, tokenizer, cfg, all_finished=all_finished, world_size=dist.world_size)
-    collector = Collector(environment, generator, reward_fns, cfg.reward_weights,
-                          rollout_sampling(cfg.rollout, cfg.rollout.group_size), tokenizer, cfg.train.prompts_per_step,
-                          cfg.train.seed, scale=a.scale, std=a.std, eps=a.eps, mask_truncated=a.mask_truncated,
-                          dynamic_sampling=a.dynamic_sampling, max_sampling_rounds=a.max_sampling_rounds)
+    sampler = Sampler(environment, generator, rollout_sampling(cfg.rollout, cfg.rollout.group_size), cfg.train.seed)
+    collector = Collector(sampler, reward_fns, cfg.reward_weights, tokenizer, cfg.train.prompts_per_step,
+                          AdvantageSpec.from_algo(a))
     learner = Learner(trainable, reference, optimizer,
                       LossSpec.from_algo(a, max_completion_length=max_episode_tokens(cfg, policy)),
                       cfg.rollout.temperature, m.logprob_chunk_size, c.micro_batch_size, c.micro_batch_tokens,
@@ -287,8 +287,9 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
                       f"{cfg.optim.lr_schedule} LR decay now ends at the new step count", stacklevel=3)
     raw = load_checkpoint(ckpt, model=run.policy, optimizer=run.optimizer, scheduler=run.scheduler,  # shards too
                           reference=run.moved_reference())
-    run.generator.sync_weights(run.policy)  # an engine started from the initial weights samples from these
     state = TrainState(**raw)
+    # an engine started from the initial weights samples from these, the version after state.step steps
+    run.generator.sync_weights(run.policy, state.step)
     run.stream.restore(state.stream["epoch"], state.stream["position"])
     return state
 

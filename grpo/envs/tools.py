@@ -146,6 +146,7 @@ class ToolEnvironment:
         r = generator.generate(prompts, sampling, seeds, [min(cap, episodes[i * g].room) for i in range(len(prompts))])
         device = r.completion_ids.device
         with_logp = r.sampler_logp is not None  # the engine reports log-probs of its own (vLLM)
+        version = r.version  # an episode's: its first turn's (the oldest weights that sampled it)
         self._take(episodes, r)
         one = replace(sampling, n=1)
         for t in range(1, self.max_turns):
@@ -159,7 +160,7 @@ class ToolEnvironment:
             r = generator.generate([episodes[i].prompt + episodes[i].tokens for i in active], one, turn_seeds,
                                    [min(cap, episodes[i].room) for i in active])
             self._take([episodes[i] for i in active], r)
-        return self._assemble(episodes, with_logp).to(device)
+        return self._assemble(episodes, with_logp, None if version is None else version.cpu()).to(device)
 
     def _take(self, episodes: list[_Episode], r: Rollout) -> None:
         """Append each row of `r` (one turn) to its episode; run the calls of the turns that made some."""
@@ -221,7 +222,7 @@ class ToolEnvironment:
         except Exception as e:  # noqa: BLE001 - a registered parser on odd model output: the model reads why
             return [ToolCall("", error=f"error: the tool call could not be read ({type(e).__name__}: {e})"[:300])]
 
-    def _assemble(self, episodes: list[_Episode], with_logp: bool) -> Rollout:
+    def _assemble(self, episodes: list[_Episode], with_logp: bool, version) -> Rollout:
         n = len(episodes)
         lp = max(len(ep.prompt) for ep in episodes)
         width = max(1, max(len(ep.tokens) for ep in episodes))
@@ -245,7 +246,7 @@ class ToolEnvironment:
             ends = [len(self.tokenizer.decode(ep.tokens[:e], skip_special_tokens=True)) for e in ep.turn_token_ends]
             records.append(Episode(ep.messages, ends, ep.turns, ep.tool_calls, ep.tool_errors, ep.stop))
         return Rollout(prompt_ids, prompt_mask, ids, mask, torch.tensor([ep.truncated for ep in episodes]), texts,
-                       loss, logp if with_logp else None, records)
+                       loss, logp if with_logp else None, records, version)
 
 
 def check_tool_template(tokenizer, schemas: list[dict]) -> None:

@@ -27,6 +27,7 @@ import torch
 from grpo.algo import token_logprobs, token_logprobs_from_hidden
 from grpo.policy import lean as lean_layers
 from grpo.policy.context import is_checkpointing
+from grpo.policy.inputs import model_inputs
 
 
 @dataclass(frozen=True)
@@ -76,9 +77,9 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     lp = prompt_ids.shape[1]
     t = completion_ids.shape[1]
     # the last completion token predicts nothing: feed up to the one before it
-    ids = torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1)
-    attn = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
-    position = (attn.cumsum(-1) - 1).clamp(min=0)
+    inputs = model_inputs(torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1),
+                          torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1))
+    ids, attn, position = inputs.input_ids, inputs.attention_mask, inputs.position_ids
     if path.fused:
         hidden = None
         if path.lean:
@@ -90,7 +91,7 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         elif path.share_prompt and t > 1:
             hidden = _shared_prompt_hidden(model.get_decoder(), ids, attn, position, lp)
         if hidden is None:
-            hidden = model.get_decoder()(input_ids=ids, attention_mask=attn, position_ids=position).last_hidden_state
+            hidden = model.get_decoder()(**inputs.forward_kwargs()).last_hidden_state
             hidden = hidden[:, lp - 1:lp - 1 + t]
         device = hidden.device.type
         # under autocast the projection runs in the autocast dtype, as it would as an nn.Linear
@@ -98,7 +99,7 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         return token_logprobs_from_hidden(hidden, model.get_output_embeddings().weight, completion_ids,
                                           temperature=temperature, chunk_size=chunk_size, matmul_dtype=dtype,
                                           entropy=entropy)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=position, logits_to_keep=t).logits  # (B, T, V)
+    logits = model(**inputs.forward_kwargs(), logits_to_keep=t).logits  # (B, T, V)
     return token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size, entropy=entropy)
 
 

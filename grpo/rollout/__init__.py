@@ -14,7 +14,7 @@ def _hf(model, tokenizer, cfg, all_finished, world_size) -> Generator:
 
 
 def _vllm(model, tokenizer, cfg, all_finished, world_size) -> Generator:
-    from grpo.rollout.vllm_engine import VLLMGenerator
+    from grpo.rollout.vllm_colocate import VLLMGenerator
     return VLLMGenerator(model, tokenizer, vllm_cfg=cfg.vllm, dtype=cfg.model.dtype, seed=cfg.train.seed,
                          add_special_tokens=not cfg.model.chat_template, distributed=world_size > 1)
 

@@ -9,6 +9,7 @@ from typing import Protocol
 import torch
 
 from grpo.errors import DataError
+from grpo.rows import PAD, Rows, column
 
 
 @dataclass(frozen=True)
@@ -28,25 +29,29 @@ def rollout_sampling(rollout, n: int) -> Sampling:
 
 
 @dataclass
-class Rollout:
+class Rollout(Rows):
     """N = prompts × n completions, prompt by prompt (the n completions of a prompt are consecutive)."""
 
-    prompt_ids: torch.Tensor       # (N, Lp) left-padded
-    prompt_mask: torch.Tensor      # (N, Lp) 1 on prompt tokens
-    completion_ids: torch.Tensor   # (N, T) right-padded with the pad id
-    completion_mask: torch.Tensor  # (N, T) 1 on every token of the completion (one turn: up to and including its
-                                   # first EOS, from positions, SPEC 12; an episode: all its turns and insertions)
-    truncated: torch.Tensor        # (N,) bool: cut off by a length limit (no EOS within max_new_tokens, ...)
-    texts: list[str]               # decoded completions, EOS and padding left out
+    prompt_ids: torch.Tensor = column("padded", fill=PAD, left=True)  # (N, Lp) left-padded
+    prompt_mask: torch.Tensor = column("padded", left=True)           # (N, Lp) 1 on prompt tokens
+    completion_ids: torch.Tensor = column("padded", fill=PAD)         # (N, T) right-padded with the pad id
+    # (N, T) 1 on every token of the completion (one turn: up to and including its first EOS, from positions,
+    # SPEC 12; an episode: all its turns and insertions)
+    completion_mask: torch.Tensor = column("padded")
+    truncated: torch.Tensor = column("rows")  # (N,) bool: cut off by a length limit (no EOS within max_new_tokens, ...)
+    texts: list[str] = column("items")        # decoded completions, EOS and padding left out
     # (N, T) 1 on the tokens that are the model's to learn: the generator's own tokens are (completion_mask, the
     # default); an environment zeroes the tokens it inserted itself (tool output, say)
-    loss_mask: torch.Tensor | None = None
+    loss_mask: torch.Tensor | None = column("padded", default=None)
     # (N, T) float32 log-probs the sampling engine reported for the tokens it sampled, 0 on padding; None when
     # the sampler is the trainer's own forward (the in-process generator), whose log-probs the trainer computes
-    sampler_logp: torch.Tensor | None = None
+    sampler_logp: torch.Tensor | None = column("padded", fill=0.0, default=None)
     # one `grpo.envs.base.Episode` per row from a multi-turn environment (what it recorded: messages, turn ends,
     # calls, why it ended); None for single completions
-    episodes: list | None = None
+    episodes: list | None = column("items", default=None)
+    # (N,) long: the weight version of the generator that sampled the row (`Generator.version`: 0 as built, one
+    # more after every `sync_weights`; an episode of several turns: its first turn's); None where not reported
+    version: torch.Tensor | None = column("rows", default=None)
 
     def __post_init__(self):
         n, t = self.completion_ids.shape
@@ -62,32 +67,11 @@ class Rollout:
                              f"and {len(self.texts)} texts")
         if self.episodes is not None and len(self.episodes) != n:
             raise ValueError(f"Rollout has {n} completions but {len(self.episodes)} episodes")
-
-    def __len__(self) -> int:
-        return self.completion_ids.shape[0]
+        check_shapes("Rollout", {"version": self.version}, (n,), f"it must be ({n},)")
 
     @property
     def lengths(self) -> torch.Tensor:  # (N,) tokens per completion, EOS included
         return self.completion_mask.sum(1)
-
-    def map(self, fn) -> Rollout:
-        """The same rollout with `fn` applied to each of its tensors (None stays None)."""
-        f = lambda x: None if x is None else fn(x)  # noqa: E731
-        return Rollout(f(self.prompt_ids), f(self.prompt_mask), f(self.completion_ids), f(self.completion_mask),
-                       f(self.truncated), self.texts, f(self.loss_mask), f(self.sampler_logp), self.episodes)
-
-    def to(self, device) -> Rollout:
-        """The same rollout with its tensors on `device`."""
-        return self.map(lambda x: x.to(device))
-
-    def select(self, rows: Sequence[int]) -> Rollout:
-        """These rows, in this order."""
-        index = torch.as_tensor(list(rows), dtype=torch.long, device=self.completion_ids.device)
-        pick = lambda x: None if x is None else x.index_select(0, index)  # noqa: E731
-        return Rollout(pick(self.prompt_ids), pick(self.prompt_mask), pick(self.completion_ids),
-                       pick(self.completion_mask), pick(self.truncated), [self.texts[i] for i in index.tolist()],
-                       pick(self.loss_mask), pick(self.sampler_logp),
-                       None if self.episodes is None else [self.episodes[i] for i in index.tolist()])
 
 
 def check_shapes(owner: str, tensors: dict[str, torch.Tensor | None], shape: tuple, expected: str) -> None:
@@ -98,26 +82,9 @@ def check_shapes(owner: str, tensors: dict[str, torch.Tensor | None], shape: tup
 
 
 def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
-    """The rows of `parts` one after another; prompts re-padded on the left, completions on the right, to the
-    widest part. Sampler log-probs are kept only when every part has them."""
-    def cat(tensors: list[torch.Tensor], value, left: bool) -> torch.Tensor:
-        width = max(t.shape[1] for t in tensors)
-        padded = []
-        for t in tensors:
-            fill = t.new_full((t.shape[0], width - t.shape[1]), value)
-            padded.append(torch.cat([fill, t] if left else [t, fill], dim=1))
-        return torch.cat(padded)
-
-    logp = episodes = None
-    if all(p.sampler_logp is not None for p in parts):
-        logp = cat([p.sampler_logp for p in parts], 0.0, False)
-    if all(p.episodes is not None for p in parts):
-        episodes = [e for p in parts for e in p.episodes]
-    return Rollout(cat([p.prompt_ids for p in parts], pad_id, True), cat([p.prompt_mask for p in parts], 0, True),
-                   cat([p.completion_ids for p in parts], pad_id, False),
-                   cat([p.completion_mask for p in parts], 0, False), torch.cat([p.truncated for p in parts]),
-                   [t for p in parts for t in p.texts], cat([p.loss_mask for p in parts], 0, False), logp,
-                   episodes)
+    """The rows of `parts` one after another (`Rows.concat`): prompts re-padded on the left, completions on the
+    right, to the widest part. Sampler log-probs (episodes, versions) are kept only when every part has them."""
+    return Rollout.concat(parts, pad_id)
 
 
 def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], add_special_tokens: bool) -> list[list[int]]:
@@ -178,6 +145,11 @@ class Generator(Protocol):
     """A rollout backend. `grpo.rollout.build_generator` makes one from the config; the trainer, `grpo eval` and
     `grpo sample` all sample through it."""
 
+    # the version of the weights it samples from: 0 as built, one more after every `sync_weights` (or the one
+    # `sync_weights` was given); every row it returns carries it (`Rollout.version`), so that rows sampled ahead
+    # of the trainer can be told by the weights that sampled them (SPEC 14.1, staleness)
+    version: int
+
     def generate(self, prompts: list[str] | list[list[int]], sampling: Sampling,
                  seeds: Sequence[int] | None = None, limits: Sequence[int] | None = None) -> Rollout:
         """n completions per prompt, prompt by prompt; prompt i samples from a generator seeded by seeds[i].
@@ -185,11 +157,13 @@ class Generator(Protocol):
         continues an episode from its exact tokens). `limits[i]` (at most `sampling.max_new_tokens`) is prompt
         i's most new tokens: its completions stop there, truncated, as if max_new_tokens were that; the tokens
         before it are the same as without the limit. None: max_new_tokens for every prompt.
-        A backend whose engine reports log-probs of the sampled tokens returns them as `Rollout.sampler_logp`."""
+        A backend whose engine reports log-probs of the sampled tokens returns them as `Rollout.sampler_logp`;
+        every backend sets `Rollout.version` to its `version`."""
 
-    def sync_weights(self, model) -> None:
-        """Make the engine sample from `model`'s current weights. Called after every training step (and after
-        a resume); a no-op for a generator that samples from the training model itself."""
+    def sync_weights(self, model, version: int | None = None) -> None:
+        """Make the engine sample from `model`'s current weights, whose version is `version` (None: one more
+        than now). Called after every training step (and after a resume, with the steps done); for a generator
+        that samples from the training model itself only the version moves."""
 
     def close(self) -> None:
         """Release the engine (the trainer calls it when the run ends, however it ends)."""

@@ -16,6 +16,7 @@ from dataclasses import replace
 import torch
 
 from grpo.policy.context import inference
+from grpo.policy.inputs import model_inputs
 from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompts, prompt_limits, prompt_seeds,
                                stop_tokens)
 from grpo.rollout.lean_decoding import LeanDecoding
@@ -66,9 +67,11 @@ class HFGenerator:
         self.all_finished = all_finished or (lambda done: done)
         eos, self.pad_id = stop_tokens(model, tokenizer)
         self.eos_ids = torch.tensor(eos)
+        self.version = 0
 
-    def sync_weights(self, model) -> None:
-        """Nothing to do: this generator samples from the model being trained."""
+    def sync_weights(self, model, version: int | None = None) -> None:
+        """Only the version moves: this generator samples from the model being trained."""
+        self.version = self.version + 1 if version is None else version
 
     def close(self) -> None:
         """Nothing to release."""
@@ -101,7 +104,8 @@ class HFGenerator:
                                                     enabled=self.autocast_bf16):
             r = self._sample(prompts, sampling, seeds, limits)
         return Rollout(r.prompt_ids.clone(), r.prompt_mask.clone(), r.completion_ids.clone(),
-                       r.completion_mask.clone(), r.truncated.clone(), r.texts)
+                       r.completion_mask.clone(), r.truncated.clone(), r.texts,
+                       version=torch.full((len(r),), self.version, dtype=torch.long, device=r.completion_ids.device))
 
     def _sample(self, prompts: list, sampling: Sampling, seeds: Sequence[int], limits: list[int]) -> Rollout:
         device = self.model.device
@@ -162,13 +166,12 @@ class HFGenerator:
     def _transformers_steps(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
         """Decoding with the model's own forward and cache: (step(tokens) -> next logits, the first logits).
         The prompts are prefilled once and the cache repeated for the n completions of each."""
-        position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position, use_cache=True,
-                         logits_to_keep=1)
+        inputs = model_inputs(prompt_ids, prompt_mask)
+        out = self.model(**inputs.forward_kwargs(), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)  # prefill once per prompt, share it across the group
         attn = prompt_mask.repeat_interleave(n, dim=0)
-        next_pos = prompt_mask.sum(-1, keepdim=True).repeat_interleave(n, dim=0)
+        next_pos = inputs.next_position.unsqueeze(1).repeat_interleave(n, dim=0)
 
         def step(tokens: torch.Tensor) -> torch.Tensor:
             nonlocal attn, next_pos

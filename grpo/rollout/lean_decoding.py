@@ -29,6 +29,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from grpo.policy.inputs import model_inputs
 from grpo.policy.lean import attention, completion_hidden, mlp, norm, rotate_half, supported
 from grpo.policy.lora import lora_merged_weight
 
@@ -84,10 +85,10 @@ class LeanDecoding:
         if not supported(model):
             return None
         p, lp = prompt_ids.shape
-        position = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        inputs = model_inputs(prompt_ids, prompt_mask)
         rows = torch.arange(p, device=prompt_ids.device)
         prompt_kv = []
-        last = completion_hidden(model, prompt_ids, prompt_mask, position, lp, rows, rows, prompt_kv)[:, 0]
+        last = completion_hidden(model, prompt_ids, prompt_mask, inputs.position_ids, lp, rows, rows, prompt_kv)[:, 0]
         head = model.get_output_embeddings()
         logits = F.linear(last, head.weight, head.bias).repeat_interleave(n, dim=0)
         keys, values = [], []
@@ -98,7 +99,7 @@ class LeanDecoding:
                 dst.append(buffer.view(p * n, src.shape[1], lp + steps, src.shape[3]))
         key_mask = torch.ones(p * n, lp + steps, dtype=torch.bool, device=prompt_mask.device)
         key_mask[:, :lp] = prompt_mask.bool().repeat_interleave(n, dim=0)
-        return cls(model, keys, values, key_mask, lp, prompt_mask.sum(-1).repeat_interleave(n)), logits
+        return cls(model, keys, values, key_mask, lp, inputs.next_position.repeat_interleave(n)), logits
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits (N, V) after feeding `tokens` (N,)."""

@@ -15,7 +15,8 @@ from grpo.rollout import Sampling
 
 vllm = pytest.importorskip("vllm", reason="the vLLM backend's tests need vLLM: pip install -e '.[vllm]'")
 
-from grpo.rollout.vllm_engine import EngineError, VLLMGenerator, _Worker, engine_weights, import_vllm  # noqa: E402
+from grpo.rollout.vllm_colocate import VLLMGenerator, _Worker  # noqa: E402
+from grpo.rollout.vllm_common import EngineError, engine_weights, import_vllm  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -91,6 +92,18 @@ def test_greedy_reports_no_sampler_logprobs(fresh):
     r = fresh.generate(PROMPTS, Sampling(n=2, max_new_tokens=16, temperature=0.0), seeds=[1, 2, 3])
     assert r.sampler_logp is None
     assert torch.equal(r.completion_ids[0], r.completion_ids[1])
+
+
+def test_rows_carry_the_weight_version_that_sampled_them(fresh, tiny):
+    s = Sampling(n=2, max_new_tokens=4)
+    v = fresh.version
+    assert fresh.generate(PROMPTS, s, seeds=[1, 2, 3]).version.tolist() == [v] * 6
+    fresh.sync_weights(tiny[0])  # one more per sync
+    assert fresh.version == v + 1
+    greedy = fresh.generate(PROMPTS, Sampling(n=2, max_new_tokens=4, temperature=0.0), seeds=[1, 2, 3])
+    assert greedy.version.tolist() == [v + 1] * 6 and greedy.version.dtype == torch.long
+    fresh.sync_weights(tiny[0], version=7)  # a resume names the version it restores
+    assert fresh.generate(PROMPTS[:1], s, seeds=[1]).version.tolist() == [7, 7]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -26,7 +26,7 @@ VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gib=0.25"]
 def setup(tmp_path_factory):
     """The tiny-tools model after 15 steps of the tool job (hf), which then calls its calculator greedily, and a
     vLLM engine holding it."""
-    from grpo.rollout.vllm_engine import VLLMGenerator
+    from grpo.rollout.vllm_colocate import VLLMGenerator
 
     out = tmp_path_factory.mktemp("trained")
     train(load_config(JOB, [f"train.output_dir={out}", "train.steps=15", "eval.every=0", "eval.size=8",

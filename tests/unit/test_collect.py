@@ -1,18 +1,24 @@
 """collect → learn on hand-built episodes: process-reward advantages (SPEC 1.3) reach the loss token by token,
 outcome and process advantages add, and dynamic sampling replaces a zero-variance group."""
+import threading
+from dataclasses import dataclass, replace
+
 import pytest
 import torch
 
 import grpo.learn as learn_module
+from grpo.algo.specs import AdvantageSpec
 from grpo.collect import Collector, _token_of, collect
 from grpo.config import ModelConfig
 from grpo.data import PromptStream
 from grpo.distributed import Dist
+from grpo.experience import Experience
 from grpo.learn import Learner, learn
 from grpo.models import load_model
 from grpo.policy import LogprobModule
 from grpo.rewards import last_number
 from grpo.rollout import Rollout, Sampling
+from grpo.sampling import Sampler
 from grpo.tasks.base import Example
 from grpo.tiny import build_char_tokenizer
 
@@ -55,7 +61,9 @@ def steps_reward(prompts, completions, **_):
 
 
 def collector(env, rewards, **kw):
-    return Collector(env, None, rewards, None, Sampling(2, 8), TOK, prompts_per_step=2, seed=0, eps=0.0, **kw)
+    spec = AdvantageSpec(**{"scale": "group", "std": "sample", "eps": 0.0, "mask_truncated": False,
+                            "dynamic_sampling": False, "max_sampling_rounds": 1, **kw})
+    return Collector(Sampler(env, None, Sampling(2, 8), seed=0), rewards, None, TOK, prompts_per_step=2, spec=spec)
 
 
 def stream(prompts, answers=None):
@@ -208,7 +216,7 @@ def test_dynamic_sampling_at_the_cap_fills_up_with_dropped_groups():
 
 def test_without_dynamic_sampling_nothing_is_dropped():
     c, env, s, order = dynamic_setup(rounds=4)
-    c = Collector(**{**c.__dict__, "dynamic_sampling": False})
+    c = replace(c, spec=replace(c.spec, dynamic_sampling=False))
     exp = collect(c, s, Dist())
     assert [e.prompt for e in exp.examples] == order[:2] and exp.stats == {}
 
@@ -239,3 +247,105 @@ def test_rewards_get_the_generated_token_ids():
     texts = [t for p in ("p0", "p1") for t in EPISODES[p]]  # the scripted order (groups may be reordered)
     expected = sorted(TOK(t, add_special_tokens=False)["input_ids"] + [TOK.eos_token_id] for t in texts)
     assert sorted(seen["ids"]) == expected  # EOS included, no padding
+
+
+# ---------------------------------------------------------------------------------------------------------
+# several processes: threads of this test sharing the collectives of `grpo.distributed.Dist`
+
+class Hub:
+    """What `world` processes' collectives see: each puts its value, all read all of them."""
+
+    def __init__(self, world):
+        self.barrier = threading.Barrier(world)
+        self.slots = [None] * world
+        self.moved = []  # (from, to, the groups' prompts, rows) of every exchange between two processes
+
+    def all(self, rank, value):
+        self.slots[rank] = value
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+
+@dataclass(frozen=True)
+class ThreadDist(Dist):
+    hub: Hub = None
+
+    def gather(self, x):
+        return torch.cat(self.hub.all(self.rank, x))
+
+    def gather_objects(self, obj):
+        return self.hub.all(self.rank, obj)
+
+    def sum(self, x):
+        return sum(self.hub.all(self.rank, x))
+
+    def exchange(self, parts):
+        assert len(parts) == self.world_size
+        for to, part in enumerate(parts):
+            if to != self.rank and part:
+                self.hub.moved.append((self.rank, to, [e.prompt for _, rows in part for e in rows.examples],
+                                       sum(len(rows) for _, rows in part)))
+        return [sent[self.rank] for sent in self.hub.all(self.rank, parts)]
+
+
+class Versioned(Scripted):
+    def rollout(self, generator, examples, sampling, seeds=None):
+        r = super().rollout(generator, examples, sampling, seeds)
+        return replace(r, version=torch.full((len(r),), 5))
+
+
+PROMPTS = [f"p{i}" for i in range(12)]
+
+
+def collect_on(world, flat, rounds, scale="group"):
+    """Every process's Experience of one dynamic-sampling step (4 prompts a round, G = 2), and the hub."""
+    hub, out = Hub(world), [None] * world
+    episodes = {p: (["1", "1"] if p in flat else ["1", "2 2 2" + "2" * int(p[1:])]) for p in PROMPTS}
+
+    def run(rank):
+        c = replace(collector(Versioned(episodes), [("last_number", last_number)], dynamic_sampling=True,
+                              max_sampling_rounds=rounds, scale=scale), prompts_per_step=4)
+        s = PromptStream([Example(p, "1") for p in PROMPTS], 4, seed=0)
+        out[rank] = collect(c, s, ThreadDist(rank, world, hub=hub) if world > 1 else Dist())
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(e is not None for e in out)
+    return out, hub
+
+
+def same_rows(a, b):
+    """Two Experiences hold the same rows, with the same values (padding aside)."""
+    assert [e.prompt for e in a.examples] == [e.prompt for e in b.examples] and a.texts == b.texts
+    assert a.group.tolist() == b.group.tolist() and a.version.tolist() == b.version.tolist()
+    t = int(a.lengths.max())
+    for name in ("completion_ids", "completion_mask", "loss_mask"):
+        assert torch.equal(getattr(a, name)[:, :t], getattr(b, name)[:, :t]), name
+    # an outcome advantage is broadcast to the padding too, which is as wide as the rows that travelled together
+    assert torch.equal((a.advantages * a.completion_mask)[:, :t], (b.advantages * b.completion_mask)[:, :t])
+    assert torch.equal(a.rewards, b.rewards) and torch.equal(a.all_rewards, b.all_rewards)
+
+
+@pytest.mark.parametrize("flat,rounds", [({"p1", "p4", "p7"}, 3),          # enough informative groups
+                                         ({f"p{i}" for i in range(1, 12)}, 2)])  # the cap: groups filled up
+@pytest.mark.parametrize("scale", ["group", "batch"])
+def test_dynamic_sampling_on_several_processes_equals_one(flat, rounds, scale):
+    (one,), _ = collect_on(1, flat, rounds, scale)
+    assert one.version.tolist() == [5] * len(one)  # the generator's weight version reaches the Experience
+    for world in (2, 4):
+        parts, hub = collect_on(world, flat, rounds, scale)
+        assert len({len(p) for p in parts}) == 1  # equal shares
+        joined = Experience.concat(parts, TOK.pad_token_id)
+        same_rows(joined, one)
+        assert all(p.stats == one.stats for p in parts)
+        # only the groups a process trains, and that another sampled, move: every dropped group stays put
+        trained = {e.prompt for e in one.examples}
+        moved = [p for _, _, prompts, _ in hub.moved for p in prompts]
+        assert set(moved) <= trained and len(moved) == len(set(moved))  # a trained group moves once, if at all
+        for sender, to, prompts, rows in hub.moved:
+            assert set(prompts) <= {e.prompt for e in parts[to].examples} and rows == 2 * len(prompts)

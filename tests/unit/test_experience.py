@@ -71,3 +71,30 @@ def test_experience_checks_its_shapes():
         Experience(**{**e.__dict__, "advantages": e.advantages.double()})
     with pytest.raises(ValueError, match="do not make 3 groups"):
         Experience.from_rollout(rollout(), [Example("p", "1")] * 3, e.advantages, e.rewards, {}, e.rewards)
+
+
+def test_rows_select_concat_and_map_are_one_implementation_for_every_batch_type():
+    e = experience(stats={"sampling/rounds": 2})
+    e.version = torch.tensor([3, 3, 4, 4])
+    # select: groups renumbered in order of first use, only the groups the rows use kept; figures of the whole
+    # step kept as they are
+    s = e.select([3, 2, 0])
+    assert s.group.tolist() == [0, 0, 1] and [x.prompt for x in s.examples] == ["q", "p"]
+    assert s.texts == ["t3", "t2", "t0"] and s.version.tolist() == [4, 4, 3]
+    assert s.per_fn["f"].tolist() == [0.0, 1.0, 1.0] and s.advantages[:, 0].tolist() == [-0.5, 0.5, 1.0]
+    assert s.stats == {"sampling/rounds": 2} and s.all_rewards is e.all_rewards
+    # concat: group indices offset by the examples before them, completions right-padded with the pad id and
+    # prompts left-padded, advantages with 0
+    wide = Experience.from_rollout(rollout(n=2, lp=4, t=7), [Example("r", "3")], torch.ones(2, 7),
+                                   torch.zeros(2), {"f": torch.zeros(2)}, torch.zeros(2))
+    j = Experience.concat([s, wide], pad_id=-1)
+    assert j.group.tolist() == [0, 0, 1, 2, 2] and [x.prompt for x in j.examples] == ["q", "p", "r"]
+    assert j.completion_ids.shape == (5, 7) and j.completion_ids[0, 5:].tolist() == [-1, -1]
+    assert j.prompt_ids[0].tolist() == [-1] + e.prompt_ids[3].tolist() and j.prompt_mask[0, 0] == 0
+    assert j.advantages[0, 5:].tolist() == [0.0, 0.0] and j.sampler_logp is None
+    assert j.version is None  # kept only when every part has it
+    assert Rollout.concat([rollout(), rollout()]).version is None
+    # map: every tensor, lists shared
+    m = j.map(lambda x: x.clone())
+    assert torch.equal(m.completion_ids, j.completion_ids) and m.completion_ids is not j.completion_ids
+    assert m.texts is j.texts and torch.equal(m.group, j.group)

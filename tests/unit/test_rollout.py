@@ -94,6 +94,18 @@ def test_batches_of_prompts_are_joined(tok):
     assert r.prompt_ids.shape == (6, 2) and r.prompt_mask.tolist()[2] == [0, 1]
 
 
+def test_rows_carry_the_weight_version_that_sampled_them(tok):
+    gen = scripted(tok)
+    gen.max_batch_prompts = 1  # joined batches keep it
+    s = Sampling(n=2, max_new_tokens=5)
+    assert gen.version == 0 and gen.generate(["a", "bb"], s).version.tolist() == [0] * 4
+    gen.sync_weights(gen.model)  # one more per sync
+    r = gen.generate(["a", "bb"], s)
+    assert r.version.tolist() == [1] * 4 and r.version.dtype == torch.long
+    gen.sync_weights(gen.model, version=9)  # a resume names the version it restores
+    assert gen.generate(["a"], s).version.tolist() == [9, 9]
+
+
 @pytest.fixture(scope="module")
 def model_and_tok(random_model_dir):
     model = transformers.AutoModelForCausalLM.from_pretrained(random_model_dir)

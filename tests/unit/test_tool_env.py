@@ -93,6 +93,20 @@ def test_three_turn_episode_tokens_and_loss_mask():
     assert ep.messages[-1] == {"role": "assistant", "content": "7"}
 
 
+def test_episodes_carry_the_weight_version_of_their_first_turn():
+    class Versioned(ScriptedTurns):
+        version = 3
+
+        def generate(self, prompts, sampling, seeds=None, limits=None) -> Rollout:
+            r = super().generate(prompts, sampling, seeds, limits)
+            r = Rollout(**{**r.__dict__, "version": torch.full((len(r),), self.version)})
+            self.version += 1  # a later turn sampled by newer weights
+            return r
+
+    r = env().rollout(Versioned([CALL1, CALL2, ANSWER]), [EXAMPLE, EXAMPLE], Sampling(2, 48), seeds=[5, 6])
+    assert r.version.tolist() == [3, 3, 3, 3]
+
+
 # a ChatML template in the Hermes/Qwen2.5 manner: tools listed in the system turn, a tool result as a user turn
 # in <tool_response> tags, a newline after every <|im_end|> (the text the template writes after the model's EOS)
 HERMES = ("{% if tools %}<|im_start|>system\n# Tools\n<tools>{% for t in tools %}\n{{ t.function | tojson }}"
