@@ -7,14 +7,10 @@ gets advantage 0. Statistics are computed in float64 and the result is returned 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from grpo.algo._checks import check_choice, check_positive_int, check_tensor
 
-if TYPE_CHECKING:
-    from grpo.algo.specs import AdvantageSpec
 
 SCALES = ("group", "batch", "none")  # the scales of `group_advantages`
 STDS = ("sample", "population")

@@ -25,14 +25,9 @@ token MIS with C = 2 gives 0.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
-
 import torch
 
 from grpo.algo._checks import check_same_shape, check_tensor
-
-if TYPE_CHECKING:
-    from grpo.algo.specs import LossSpec
 
 
 # the weights of each mode from the log-ratio log ρ: (log ρ, valid, mask as floats, log C_min, log C) → (weight,

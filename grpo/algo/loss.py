@@ -12,15 +12,12 @@ registry and one value of its config option; `policy_loss` and the learner do no
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from grpo.algo._checks import check_choice, check_same_shape, check_tensor
 from grpo.algo.surrogates import SURROGATES
-
-if TYPE_CHECKING:
-    from grpo.algo.specs import LossSpec
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,12 +8,9 @@ negative) and the masks of the tokens whose clip binds, below and above; `SURROG
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
-
-if TYPE_CHECKING:
-    from grpo.algo.specs import LossSpec
 
 
 class Term(NamedTuple):
