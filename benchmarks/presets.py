@@ -48,10 +48,10 @@ def variant_overrides(variant: str) -> list[str]:
     preset runs as its paper has it, whatever the job's YAML turns on (the default job has dynamic sampling)."""
     args = VARIANTS[variant]
     if not any(a.startswith("algo.dynamic_sampling=") for a in args):
-        from grpo.algo.presets import PRESETS
+        from grpo.config import AlgoConfig
 
         preset = next(a.partition("=")[2] for a in args if a.startswith("algo.preset="))
-        args = [*args, f"algo.dynamic_sampling={str(PRESETS[preset].dynamic_sampling).lower()}"]
+        args = [*args, f"algo.dynamic_sampling={str(AlgoConfig(preset=preset).dynamic_sampling).lower()}"]
     return args
 
 

@@ -71,8 +71,8 @@ elif phase == "checkpoint_weights":  # a checkpoint's model.safetensors half-way
     import grpo.checkpoint as checkpoint
     inject(checkpoint, "_save_tensors", half_write=lambda tensors, path: Path(path).write_bytes(b"torn"))
 elif phase == "resumed_start":  # a resumed run at start-up (step 0: before its first step), its logs cut back
-    import grpo.metrics as metrics
-    inject(metrics, "_truncate")
+    import grpo.runlog as runlog
+    inject(runlog, "_truncate")
 elif phase == "prune":  # deleting the checkpoints beyond train.keep_last: the oldest half-way (its weights gone)
     import grpo.checkpoint as checkpoint
     inject(checkpoint, "_prune",
