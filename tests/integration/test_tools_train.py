@@ -47,6 +47,7 @@ def test_tool_job_learns_to_call_the_calculator(tmp_path):
     assert any(s["tool_calls"] and s["messages"][2]["role"] == "tool" for s in samples(tmp_path))
 
 
+@pytest.mark.slow  # 8 steps and 6 evaluations of tool episodes: the inner loop's slowest test by 2x
 def test_resume_with_tools_is_bit_for_bit(tmp_path):
     common = [*SMALL, "train.steps=4", "eval.every=2"]
     train(load_config(JOB, [*common, f"train.output_dir={tmp_path / 'whole'}"]))
