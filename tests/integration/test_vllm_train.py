@@ -61,6 +61,7 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_two_processes_with_an_engine_each_learn_rerun_identically_and_equal_one(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     args = ["grpo/configs/tiny.yaml", "train.steps=20", "eval.size=200", "eval.every=0", "eval.pass_k=0",
@@ -82,6 +83,7 @@ def test_two_processes_with_an_engine_each_learn_rerun_identically_and_equal_one
 
 
 @pytest.mark.slow
+@pytest.mark.distributed
 def test_fsdp2_weights_reach_the_engines(tmp_path):
     """Two processes with FSDP2: after each step the gathered weights reach both engines, so the engines'
     log-probs keep agreeing with the sharded trainer's."""
