@@ -16,12 +16,14 @@ Advantages (SPEC 1.2, 1.3, 2):
 Dynamic sampling (`algo.dynamic_sampling`, DAPO §3.2, SPEC 13.8): a group is dropped when all its rewards (its
 outcome totals, and its pooled step rewards) are equal, or when none of its tokens is in the loss; more prompts
 are drawn, `train.prompts_per_step` a round, until the step has that many informative groups (the surplus of the
-last round is dropped) or `algo.max_sampling_rounds` rounds are spent; then the step is filled up with dropped
-groups in the order drawn (advantage 0) and `sampling/filled_groups` says how many. Each process samples and
-judges its own share of every round (a group never spans processes); only the verdicts and the rewards are
-gathered, so every process makes the same choice, in the order drawn, for any number of processes, and each
-prompt's seed is its position in the stream. Then only the chosen groups move: each from the process that
-sampled it to the one that trains it (the k-th process trains the k-th equal share of the chosen groups).
+last round is dropped) or `algo.max_sampling_rounds` rounds are spent. At that cap the step trains on the
+informative groups it has and nothing else (a dropped group would still count in the token-mean normaliser and
+get a KL gradient), as many as divide equally among the processes (the last drawn make up the remainder and are
+dropped); `sampling/groups_trained` says how many. With none the step has no rows and makes no update. Each
+process samples and judges its own share of every round (a group never spans processes); only the verdicts and
+the rewards are gathered, so every process makes the same choice, in the order drawn, for any number of
+processes, and each prompt's seed is its position in the stream. Then only the chosen groups move: each from
+the process that sampled it to the one that trains it (the k-th process trains the k-th equal share).
 """
 from __future__ import annotations
 
@@ -83,7 +85,6 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     g, share = c.sampler.sampling.n, c.prompts_per_step // dist.world_size  # share: groups a process samples a round
     rounds: list[Scored] = []                # this process's share of each round
     kept: list[tuple[int, int]] = []         # (round, group of the round) of the informative groups, in the order drawn
-    dropped: list[tuple[int, int]] = []
     totals = []                              # every drawn completion's reward, dropped groups included
     while len(kept) < c.prompts_per_step and len(rounds) < c.spec.max_sampling_rounds:
         mine = _score(c, sample(c.sampler, stream, dist.rank, dist.world_size))
@@ -92,15 +93,17 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
         both = dist.gather(torch.cat([mine.total.double().cpu(), _informative(c, mine).double()]))
         both = both.view(dist.world_size, share * g + share)
         totals.append(both[:, :share * g].reshape(-1))
-        for j, ok in enumerate(both[:, share * g:].reshape(-1).bool().tolist()):
-            (kept if ok else dropped).append((len(rounds) - 1, j))
+        kept += [(len(rounds) - 1, j) for j, ok in enumerate(both[:, share * g:].reshape(-1).bool().tolist()) if ok]
     drawn = len(rounds) * c.prompts_per_step
-    filled = max(0, c.prompts_per_step - len(kept))
-    chosen = kept[:c.prompts_per_step] + dropped[:filled]
+    # at the round cap the step trains on the informative groups it has (SPEC 13.8), as many as the processes
+    # can share equally: the surplus (at most world_size - 1 groups, the last drawn) is dropped as the last
+    # round's is, so one process trains on all of them
+    trained = min(len(kept), c.prompts_per_step)
+    trained -= trained % dist.world_size
     stats = {"sampling/rounds": len(rounds), "sampling/prompts_drawn": drawn,
-             "sampling/groups_dropped": drawn - len(kept), "sampling/filled_groups": filled,
+             "sampling/groups_dropped": drawn - len(kept), "sampling/groups_trained": trained,
              "sampling/reward_mean": torch.cat(totals).nanmean().item()}  # NaN (logged null) if none applied
-    return _experience(c, _route(c, rounds, chosen, share, dist), dist, stats=stats)
+    return _experience(c, _route(c, rounds, kept[:trained], share, dist), dist, stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -184,6 +187,8 @@ def _route(c: Collector, rounds: list[Scored], chosen: list[tuple[int, int]], sh
     """This process's share of the `chosen` (round, group) pairs, in their order: the k-th process trains the k-th
     equal share. Each group moves from the process that sampled it (group j of a round is process j // share's)
     to the one that trains it, and no other row moves."""
+    if not chosen:  # a step with nothing to train on: no rows, no collective
+        return rounds[0].select([])
     g, per = c.sampler.sampling.n, len(chosen) // dist.world_size
     moving = dist.world_size > 1  # between processes through the CPU
     outgoing: list[list[tuple[int, Scored]]] = [[] for _ in range(dist.world_size)]
@@ -201,7 +206,8 @@ def _route(c: Collector, rounds: list[Scored], chosen: list[tuple[int, int]], sh
 # advantages
 
 def _experience(c: Collector, s: Scored, dist: Dist, stats: dict | None = None) -> Experience:
-    """Advantages of this process's groups `s` from every process's rewards, and its Experience."""
+    """Advantages of this process's groups `s` from every process's rewards, and its Experience (with no rows
+    when dynamic sampling found nothing to train on: every process alike)."""
     g, spec = c.sampler.sampling.n, c.spec
     n = len(s)
     # every process's rewards, in one collective (batch std needs them all; logging too)

@@ -213,7 +213,8 @@ class AlgoConfig:
                                         "(on in the dapo preset and in the default job, grpo/configs/tiny.yaml; "
                                         "docs/benchmarks.md).")
     max_sampling_rounds: int = opt(4, "With dynamic_sampling: rounds of train.prompts_per_step prompts at most per "
-                                      "step; then the step is filled up with dropped groups and logs so.", ge=1)
+                                      "step; then the step trains on the informative groups it has "
+                                      "(sampling/groups_trained).", ge=1)
     sampler_correction: Literal["token_tis", "token_mis", "seq_tis", "seq_mis", "none"] = opt(
         "token_tis", "Sampler–trainer mismatch correction, applied when the rollout engine reports log-probs of "
                      "its own (rollout.backend=vllm; with hf the weight is exactly 1): the policy term of each "

@@ -72,12 +72,13 @@ class Experience(Rows):
     def from_rollout(cls, rollout: Rollout, examples: list[Example], advantages: torch.Tensor, rewards: torch.Tensor,
                      per_fn: dict[str, torch.Tensor], all_rewards: torch.Tensor, *, mask_truncated: bool = False,
                      stats: dict[str, float] | None = None) -> Experience:
-        """An Experience of `rollout`'s rows, len(examples) groups of equal size. `mask_truncated` zeroes the loss
-        mask of truncated rows (they still count in the group statistics)."""
+        """An Experience of `rollout`'s rows, len(examples) groups of equal size (none: no rows, a step with
+        nothing to train on). `mask_truncated` zeroes the loss mask of truncated rows (they still count in the
+        group statistics)."""
         n = len(rollout)
-        if not examples or n % len(examples):
+        if bool(n) != bool(examples) or n % max(len(examples), 1):
             raise ValueError(f"{n} rows do not make {len(examples)} groups of equal size")
-        g = n // len(examples)
+        g = n // len(examples) if examples else 0
         loss_mask = trained_tokens(rollout, mask_truncated)
         device = rollout.completion_ids.device
         group = torch.arange(len(examples), device=device).repeat_interleave(g)

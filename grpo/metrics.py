@@ -24,28 +24,29 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     # groups without a policy gradient: every advantage on their loss tokens is 0 (equal rewards, for outcome ones)
     signal = (exp.advantages * exp.loss_mask).ne(0).any(dim=1).view(-1, group_size).any(dim=1)
     m["adv/std_zero_frac"] = dist.gather((~signal).float().cpu()).mean().item()
-    u = update_figures(updates, dist)
-    tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
-    if "mismatch/abs_diff_max" in u:  # a sampler with log-probs of its own (SPEC 13.1)
-        m["mismatch/abs_diff_max"] = u.pop("mismatch/abs_diff_max")
-    # the sums over the loss tokens (the policy loss's means × tokens, the mismatch figures) become means
-    m.update({k: v / tokens if tokens else float("nan") for k, v in u.items() if k not in _NOT_PER_TOKEN
-              and not k.startswith("entropy")})
-    # the policy's entropy at the sampling temperature, over the loss tokens, and over those in each quarter of
-    # their episode
-    m["entropy/mean"] = u["entropy"] / tokens if tokens else float("nan")
-    for q in range(1, QUARTERS + 1):
-        n = u[f"entropy/q{q}_tokens"]
-        m[f"entropy/q{q}"] = u[f"entropy/q{q}"] / n if n else float("nan")
-    m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
-    m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
+    if updates:  # none: a step with nothing to train on (dynamic sampling at its cap), which has no update figures
+        u = update_figures(updates, dist)
+        tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
+        if "mismatch/abs_diff_max" in u:  # a sampler with log-probs of its own (SPEC 13.1)
+            m["mismatch/abs_diff_max"] = u.pop("mismatch/abs_diff_max")
+        # the sums over the loss tokens (the policy loss's means × tokens, the mismatch figures) become means
+        m.update({k: v / tokens if tokens else float("nan") for k, v in u.items() if k not in _NOT_PER_TOKEN
+                  and not k.startswith("entropy")})
+        # the policy's entropy at the sampling temperature, over the loss tokens, and over those in each quarter of
+        # their episode
+        m["entropy/mean"] = u["entropy"] / tokens if tokens else float("nan")
+        for q in range(1, QUARTERS + 1):
+            n = u[f"entropy/q{q}_tokens"]
+            m[f"entropy/q{q}"] = u[f"entropy/q{q}"] / n if n else float("nan")
+        m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
+        m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
     m["completion/mean_length"] = lengths.mean().item()  # episode tokens: in multi-turn ones, tool results too
     if exp.episodes is not None:  # the model's own tokens, those the loss trains on
         m["completion/mean_loss_tokens"] = dist.gather(exp.loss_mask.sum(1).float().cpu()).mean().item()
     m["completion/truncated_frac"] = dist.gather(exp.truncated.float().cpu()).mean().item()
     m["lr"] = lr
     m.update(exp.stats)
-    if exp.episodes is not None:
+    if exp.episodes:
         m.update(episode_metrics(exp.episodes, dist))
     m["perf/step_seconds"] = seconds
     m["perf/rollout_seconds"] = rollout_seconds

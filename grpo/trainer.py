@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import random
+import re
 import time
 import warnings
 from dataclasses import asdict, dataclass, field, replace
@@ -150,9 +151,17 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
             # 1-4. prompts → episodes → rewards → advantages
             exp = collect(run.collector, run.stream, dist)
             rollout_seconds = time.perf_counter() - start
-            # 5-7. normaliser, reference and old log-probs, μ updates
-            updates = learn(run.learner, exp, dist)
-            run.scheduler.step()
+            # 5-7. normaliser, reference and old log-probs, μ updates; none when dynamic sampling found no group
+            # to train on (every process alike)
+            updates = learn(run.learner, exp, dist) if len(exp) else []
+            if not updates:
+                st = exp.stats
+                found = st["sampling/prompts_drawn"] - st["sampling/groups_dropped"]
+                logger.write(f"step {step}: dynamic sampling found {found} informative groups in "
+                             f"{st['sampling/rounds']} rounds, too few for {dist.world_size} process(es): no update")
+            with warnings.catch_warnings():  # a step without an update moves the LR schedule on all the same
+                warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
+                run.scheduler.step()
             reset = run.reference_sync(step)  # algo.ref_sync_every: the reference takes the policy's weights
             # 8. the generator samples from the new weights from now on
             run.generator.sync_weights(run.policy)
@@ -331,7 +340,7 @@ def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) 
 
 def _warn_unscored(exp, step: int, logger: RunLogger) -> None:
     """A step in which no reward function applied to any completion (every value None) has no signal: say so."""
-    if exp.all_rewards.isnan().all():
+    if len(exp) and exp.all_rewards.isnan().all():
         logger.write(f"step {step}: no reward function applied to any of the {exp.all_rewards.numel()} completions "
                      "(every reward was None): the step has no policy gradient")
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from grpo.config import load_config
+from grpo.config import ModelConfig, load_config
+from grpo.models import load_model
 from grpo.trainer import train
 from tests.unit.test_metrics import events
 
@@ -157,10 +158,27 @@ def test_dynamic_sampling_replaces_zero_variance_groups_in_training(tmp_path, ra
     assert sum(r["sampling/groups_dropped"] for r in rows) > 0
     for r in rows:
         prompts = {s["prompt"] for s in samples if s["step"] == r["step"]}
-        assert len(prompts) == 3  # the step still has train.prompts_per_step groups
-        linear = [p for p in prompts if p.startswith("Solve")]
-        assert len(linear) <= r["sampling/filled_groups"], (r, prompts)  # only a fill-up at the cap trains on one
-        assert r["adv/std_zero_frac"] == pytest.approx(r["sampling/filled_groups"] / 3)
+        # the step has train.prompts_per_step groups, or at the round cap the informative ones it found
+        assert len(prompts) == r["sampling/groups_trained"] and r["sampling/groups_trained"] <= 3
+        assert not [p for p in prompts if p.startswith("Solve")], (r, prompts)  # a linear group never trains
+        if prompts:
+            assert r["adv/std_zero_frac"] == 0.0  # every group trained on has a signal, at the cap too
+
+
+def test_a_dynamic_step_without_informative_groups_makes_no_update(tmp_path, random_model_dir, capsys):
+    def flat(prompts, completions, **kw):  # every group's rewards are equal
+        return [1.0] * len(completions)
+
+    cfg = load_config(None, [f"model.path={random_model_dir}", f"train.output_dir={tmp_path / 'f'}", *FAST,
+                             "train.steps=2", "algo.preset=dapo", "algo.max_sampling_rounds=2", "algo.beta=0.04"])
+    train(cfg, rewards=[flat])
+    assert "step 1: dynamic sampling found 0 informative groups in 2 rounds, too few for 1 process(es): no update" \
+        in capsys.readouterr().out
+    rows = [json.loads(x) for x in (tmp_path / "f" / "metrics.jsonl").read_text().splitlines()][1:]
+    assert [r["sampling/groups_trained"] for r in rows] == [0, 0] and all("loss" not in r for r in rows)
+    initial, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    final = load_file(tmp_path / "f" / "model" / "model.safetensors")
+    assert all(torch.equal(final[k], v) for k, v in initial.state_dict().items() if k in final)  # not moved
 
 
 def test_a_step_without_any_reward_says_so(tmp_path, random_model_dir, capsys):

@@ -200,18 +200,30 @@ def test_dynamic_sampling_replaces_a_zero_variance_group():
     assert env.calls == [order[:2], order[2:4]]
     # the reward of every completion drawn, the dropped group's [1, 1] included: (2 + 1 + 1 + 1) / 8
     assert exp.stats == {"sampling/rounds": 2, "sampling/prompts_drawn": 4, "sampling/groups_dropped": 1,
-                         "sampling/filled_groups": 0, "sampling/reward_mean": 0.625}
+                         "sampling/groups_trained": 2, "sampling/reward_mean": 0.625}
     assert exp.rewards.tolist() == [1.0, 0.0, 1.0, 0.0] and exp.all_rewards.tolist() == exp.rewards.tolist()
     assert (exp.advantages[:, 0].abs() > 0.7).all()
     assert s.drawn == 4  # the surplus group of the last round is dropped, its prompt stays drawn
 
 
-def test_dynamic_sampling_at_the_cap_fills_up_with_dropped_groups():
+def test_dynamic_sampling_at_the_cap_trains_on_the_informative_groups_only():
+    # SPEC 13.8: at the cap the step trains on what it has; a zero-advantage group filled in would count in the
+    # token-mean normaliser and get a KL gradient
     c, env, s, order = dynamic_setup(rounds=1)
     exp = collect(c, s, Dist())
-    assert [e.prompt for e in exp.examples] == [order[1], order[0]]
-    assert exp.stats["sampling/filled_groups"] == 1 and exp.stats["sampling/rounds"] == 1
-    assert exp.advantages[2:].abs().sum() == 0  # the filled-up group carries no signal
+    assert [e.prompt for e in exp.examples] == [order[1]] and len(exp) == 2
+    assert exp.stats == {"sampling/rounds": 1, "sampling/prompts_drawn": 2, "sampling/groups_dropped": 1,
+                         "sampling/groups_trained": 1, "sampling/reward_mean": 0.75}
+    assert (exp.advantages[:, 0].abs() > 0.7).all()  # every group trained on carries a signal
+    assert exp.all_rewards.tolist() == [1.0, 0.0]
+
+
+def test_dynamic_sampling_without_any_informative_group_has_nothing_to_train_on():
+    c, env, s, order = dynamic_setup(rounds=2)
+    c = replace(c, sampler=replace(c.sampler, environment=Scripted({p: ["1", "1"] for p in order})))
+    exp = collect(c, s, Dist())
+    assert len(exp) == 0 and exp.examples == [] and exp.advantages.shape[0] == 0
+    assert exp.stats["sampling/groups_trained"] == 0 and exp.stats["sampling/groups_dropped"] == 4
 
 
 def test_without_dynamic_sampling_nothing_is_dropped():
@@ -319,8 +331,9 @@ def collect_on(world, flat, rounds, scale="group"):
     return out, hub
 
 
-def same_rows(a, b):
-    """Two Experiences hold the same rows, with the same values (padding aside)."""
+def same_rows(a, b, step_rewards=True):
+    """Two Experiences hold the same rows, with the same values (padding aside), and (`step_rewards`) the same
+    rewards of the step."""
     assert [e.prompt for e in a.examples] == [e.prompt for e in b.examples] and a.texts == b.texts
     assert a.group.tolist() == b.group.tolist() and a.version.tolist() == b.version.tolist()
     t = int(a.lengths.max())
@@ -328,16 +341,23 @@ def same_rows(a, b):
         assert torch.equal(getattr(a, name)[:, :t], getattr(b, name)[:, :t]), name
     # an outcome advantage is broadcast to the padding too, which is as wide as the rows that travelled together
     assert torch.equal((a.advantages * a.completion_mask)[:, :t], (b.advantages * b.completion_mask)[:, :t])
-    assert torch.equal(a.rewards, b.rewards) and torch.equal(a.all_rewards, b.all_rewards)
+    assert torch.equal(a.rewards, b.rewards) and (not step_rewards or torch.equal(a.all_rewards, b.all_rewards))
 
 
-@pytest.mark.parametrize("flat,rounds", [({"p1", "p4", "p7"}, 3),          # enough informative groups
-                                         ({f"p{i}" for i in range(1, 12)}, 2)])  # the cap: groups filled up
+# the stream's order of PROMPTS (4 a round)
+ORDER = [e.prompt for e in (lambda s: s.next_batch() + s.next_batch() + s.next_batch())(
+    PromptStream([Example(p, "1") for p in PROMPTS], 4, seed=0))]
+
+
+@pytest.mark.parametrize("flat,rounds,worlds", [
+    ({"p1", "p4", "p7"}, 3, (2, 4)),                          # enough informative groups
+    (set(PROMPTS) - {ORDER[1], ORDER[6]}, 2, (2,)),           # the cap: 2 informative groups, shared by 1 or 2
+])
 @pytest.mark.parametrize("scale", ["group", "batch"])
-def test_dynamic_sampling_on_several_processes_equals_one(flat, rounds, scale):
+def test_dynamic_sampling_on_several_processes_equals_one(flat, rounds, worlds, scale):
     (one,), _ = collect_on(1, flat, rounds, scale)
     assert one.version.tolist() == [5] * len(one)  # the generator's weight version reaches the Experience
-    for world in (2, 4):
+    for world in worlds:
         parts, hub = collect_on(world, flat, rounds, scale)
         assert len({len(p) for p in parts}) == 1  # equal shares
         joined = Experience.concat(parts, TOK.pad_token_id)
@@ -349,3 +369,20 @@ def test_dynamic_sampling_on_several_processes_equals_one(flat, rounds, scale):
         assert set(moved) <= trained and len(moved) == len(set(moved))  # a trained group moves once, if at all
         for sender, to, prompts, rows in hub.moved:
             assert set(prompts) <= {e.prompt for e in parts[to].examples} and rows == 2 * len(prompts)
+
+
+def test_at_the_cap_the_processes_share_the_informative_groups_equally():
+    # 3 informative groups in 2 rounds: one process trains on the 3; two on the first 2 drawn, one each (the
+    # last drawn is dropped, as the surplus of a last round is); four on none (no rows, no update)
+    flat = set(PROMPTS) - {ORDER[1], ORDER[2], ORDER[6]}
+    (one,), _ = collect_on(1, flat, 2)
+    assert [e.prompt for e in one.examples] == [ORDER[1], ORDER[2], ORDER[6]]
+    assert one.stats["sampling/groups_trained"] == 3
+    two, _ = collect_on(2, flat, 2)
+    assert [[e.prompt for e in p.examples] for p in two] == [[ORDER[1]], [ORDER[2]]]
+    assert all(p.stats["sampling/groups_trained"] == 2 for p in two)
+    same_rows(Experience.concat(two, TOK.pad_token_id), one.select(range(4)), step_rewards=False)
+    assert all(torch.equal(p.all_rewards, one.rewards[:4]) for p in two)
+    four, _ = collect_on(4, flat, 2)
+    assert all(len(p) == 0 and p.stats["sampling/groups_trained"] == 0 for p in four)
+    assert all(p.stats == {**one.stats, "sampling/groups_trained": 0} for p in four)
