@@ -31,9 +31,12 @@ train: setup
 	$(BIN)/grpo train $(ARGS)
 
 # the whole suite, the vLLM backend's tests with a real engine and the trackers' tests included: the extras
-# installed here must import, so their tests fail instead of skipping (GRPO_REQUIRE_EXTRAS, tests/conftest.py)
+# installed here must import, so their tests fail instead of skipping (GRPO_REQUIRE_EXTRAS, tests/conftest.py).
+# TEST_WORKERS pytest processes (pytest-xdist) share the files, a file to one process so that its fixtures (a
+# finished run, an engine) are built once; each process gets an equal share of the cores (tests/conftest.py)
+TEST_WORKERS ?= 2
 test: setup-vllm $(BIN)/.trackers-installed
-	GRPO_REQUIRE_EXTRAS="vllm wandb trackio" $(BIN)/python -m pytest -q $(ARGS)
+	GRPO_REQUIRE_EXTRAS="vllm wandb trackio" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 bench: setup
 	$(BIN)/python benchmarks/logprobs_memory.py

@@ -9,7 +9,13 @@ import torch
 pytest_plugins = ["pytester"]  # tests/unit/test_suite_rules.py runs pytest on files of its own
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist (`make test`: TEST_WORKERS processes) each worker gets an equal share of the cores, it and the
+# processes its tests start (OMP_NUM_THREADS), so that the workers do not fight over them; alone, at most 2.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_THREADS = max(1, min(2, (os.cpu_count() or 1) // _WORKERS))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(_THREADS))
+torch.set_num_threads(_THREADS)
 
 
 _REAL_IMPORTORSKIP = pytest.StashKey()
