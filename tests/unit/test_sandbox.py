@@ -36,8 +36,9 @@ def layer(request) -> str:
     return request.param
 
 
-def run(code: str, layer: str, *, stdin: str = "", limits: Limits = FAST, guard: bool = True) -> Execution:
-    return parent._run(code, stdin, limits, layer, guard=guard)
+def run(code: str, layer: str, *, stdin: str = "", limits: Limits = FAST, guard: bool = True,
+        filtered: bool = True) -> Execution:
+    return parent._run(code, stdin, limits, layer, guard=guard, filtered=filtered)
 
 
 def descendants(pid: int) -> set[int]:
