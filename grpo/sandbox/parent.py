@@ -21,6 +21,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from grpo.errors import GRPOError
 from grpo.sandbox import seccomp, setup
 from grpo.sandbox.child import BOOTSTRAP, program_source
 
@@ -32,6 +33,16 @@ _REPORT_LINE_BYTES = 4096      # a longer line on the report pipe is not the san
 _SETUP_FAILED = 125            # the setup stage's exit status when a layer could not be built
 _CHANNEL_LOST = 86             # the guard's exit status when it cannot report a refusal (child.py's `lost`)…
 _CHANNEL_REPLACED = 87         # …and the child's when it finds the report pipe closed or replaced at the end
+# Set to 1 to run model-written code where no kernel layer works (isolation() == "rlimits+guard"): see
+# SandboxUnavailable.
+ALLOW_RLIMITS_ONLY = "GRPO_SANDBOX_RLIMITS_ONLY"
+
+
+class SandboxUnavailable(GRPOError):
+    """No kernel layer (bubblewrap, user namespaces) works on this machine, and the rlimits and the guard alone
+    were not accepted (environment variable GRPO_SANDBOX_RLIMITS_ONLY=1): without a kernel layer, code that
+    switches the guard off can do whatever the caller's user can."""
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -89,9 +100,28 @@ class Execution:
 
 def run_python(code: str, *, stdin: str = "", limits: Limits = Limits()) -> Execution:
     """Run `code` as a Python program in a new sandboxed process (see grpo.sandbox), with `stdin` as its
-    standard input. Never raises for anything the code does; hostile code ends as a failed Execution."""
-    layer = _layer()
+    standard input. Never raises for anything the code does; hostile code ends as a failed Execution. Raises
+    SandboxUnavailable where no kernel layer works and GRPO_SANDBOX_RLIMITS_ONLY=1 is not set."""
+    layer = ensure_available()
     return _run(code, stdin, limits, layer)
+
+
+def ensure_available() -> str:
+    """The layer run_python uses here ("bwrap", "namespaces" or "none"); raises SandboxUnavailable where it would
+    (no kernel layer, and GRPO_SANDBOX_RLIMITS_ONLY=1 not set). What builds the python tool calls it, so that a
+    run on such a machine stops before it starts instead of feeding the model the error."""
+    layer = _layer()
+    if layer == "none":
+        why = "; ".join(f"{name}: {_probe_failures.get(name, 'not available')}" for name in ("bwrap", "namespaces"))
+        if os.environ.get(ALLOW_RLIMITS_ONLY) != "1":
+            raise SandboxUnavailable(
+                f"the sandbox has no kernel layer on this machine ({why}), so model-written code would be contained "
+                f"by a Python audit hook alone; install bubblewrap or allow unprivileged user namespaces, or set "
+                f"{ALLOW_RLIMITS_ONLY}=1 to accept that (docs/sandbox.md)")
+        if not _available("none"):
+            raise SandboxUnavailable(f"the sandbox cannot run code on this machine ({why}; rlimits: "
+                                     f"{_probe_failures['none']})")
+    return layer
 
 
 def isolation() -> str:
@@ -120,23 +150,27 @@ def python_tool_result(execution: Execution) -> str:
 
 _LAYERS = ("bwrap", "namespaces", "none")
 _probe_lock = threading.Lock()
+_probe_failures: dict[str, str] = {}   # why a layer is not available, for SandboxUnavailable's message
 
 
 @functools.cache
 def _available(layer: str) -> bool:
     """Whether `layer` works here: a trivial program runs under it and reports its sandbox built."""
-    if layer == "none":
-        return True
     if layer == "bwrap" and shutil.which("bwrap") is None:
+        _probe_failures[layer] = "bwrap is not installed"
         return False
     result = _run("print('ok')", "", Limits(timeout_s=20.0), layer)
-    return result.ok and result.stdout == "ok\n"
+    if result.ok and result.stdout == "ok\n":
+        return True
+    _probe_failures[layer] = (result.detail or result.status) + (
+        f" ({result.stderr.strip().splitlines()[-1]})" if result.stderr.strip() else "")
+    return False
 
 
 def _layer() -> str:
     """The strongest layer that works here, probed once (under a lock: rows of a batch start concurrently)."""
     with _probe_lock:
-        return next(layer for layer in _LAYERS if _available(layer))
+        return next((layer for layer in _LAYERS[:-1] if _available(layer)), "none")
 
 
 def _interpreter() -> str:

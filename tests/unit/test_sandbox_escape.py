@@ -334,3 +334,24 @@ def test_the_report_parser():
     report = parent._Report()
     report.add(b"y" * (parent._REPORT_LINE_BYTES + 1))  # too long for a line of the sandbox's
     assert report.garbled
+
+
+# ------------------------------------------------------------------------------------- rlimits alone
+
+def test_rlimits_alone_is_refused_unless_accepted(monkeypatch):
+    """Where no kernel layer works, run_python refuses to run code (one line, a GRPOError: the CLI prints it and
+    exits 2) unless GRPO_SANDBOX_RLIMITS_ONLY=1 accepts the guard as the only wall."""
+    from grpo.errors import GRPOError
+    monkeypatch.setattr(parent, "_layer", lambda: "none")
+    monkeypatch.delenv(parent.ALLOW_RLIMITS_ONLY, raising=False)
+    with pytest.raises(parent.SandboxUnavailable) as info:
+        parent.run_python("print(1)")
+    assert isinstance(info.value, GRPOError) and "\n" not in str(info.value)
+    assert "GRPO_SANDBOX_RLIMITS_ONLY=1" in str(info.value) and "bubblewrap" in str(info.value)
+    from grpo.envs.tool_calls import python_tool
+    with pytest.raises(parent.SandboxUnavailable):  # the python tool is refused when it is built
+        python_tool()
+    monkeypatch.setenv(parent.ALLOW_RLIMITS_ONLY, "1")
+    result = parent.run_python("print(1)")
+    assert result.ok and result.stdout == "1\n"
+    assert python_tool()("print(2)") == "2"
