@@ -5,11 +5,13 @@ path, no bytecode written) that never loads ctypes, in its own process group and
 directory as its working directory (deleted afterwards), a minimal environment (HOME and TMPDIR are that
 directory, PATH=/usr/bin:/bin, LANG=C.UTF-8, PYTHONHASHSEED=0: nothing of the caller's, so no tokens or keys),
 the given stdin, and these layers, the strongest this machine supports (`isolation()` names them; probed once
-per process):
+per process; for a root caller the namespaces layer comes before bwrap, which binds the host's device nodes
+writable):
 
 - **bwrap** (when `bwrap` is on PATH and works): bubblewrap's user, pid, network, IPC, UTS and mount
   namespaces; a read-only root with only /usr (and the /bin, /lib… links), the Python installation,
-  /etc/ld.so.cache and /etc/localtime, its own read-only /proc and /dev, an empty /tmp, and the working
+  /etc/ld.so.cache and /etc/localtime, its own read-only /proc and /dev (the device nodes bound writable), an
+  empty /tmp, and the working
   directory (a `file_mb` tmpfs, the only writable place); no capabilities, no further user namespaces, the
   seccomp filter; bwrap dies with its parent.
 - **namespaces** (else, when unprivileged user namespaces work): the same, built by a setup interpreter

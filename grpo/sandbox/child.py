@@ -235,7 +235,7 @@ def _child(config: dict) -> None:
     if config["nproc"]:  # counted per user namespace; outside one it would count the caller's processes too
         limits.append((resource.RLIMIT_NPROC, 64))
     for which, soft in limits:
-        # The CPU hard limit one second later: SIGXCPU first, then SIGKILL if that is ignored (as pid 1 it is).
+        # The CPU hard limit one second later: SIGXCPU first, then SIGKILL if the code ignores that.
         hard = soft + 1 if which == resource.RLIMIT_CPU else soft
         old_hard = resource.getrlimit(which)[1]
         if old_hard != resource.RLIM_INFINITY:

@@ -148,7 +148,10 @@ def python_tool_result(execution: Execution) -> str:
 
 # ---------------------------------------------------------------------------------------------------- layers
 
-_LAYERS = ("bwrap", "namespaces", "none")
+# For a root caller the namespaces layer comes first: under bwrap its code (the caller's root, without
+# capabilities) could still chmod or touch the host's own device nodes, which bwrap binds writable (and a
+# read-only bind would make them unusable, nodev), where the namespaces layer binds them read-only.
+_LAYERS = ("namespaces", "bwrap", "none") if os.geteuid() == 0 else ("bwrap", "namespaces", "none")
 _probe_lock = threading.Lock()
 _probe_failures: dict[str, str] = {}   # why a layer is not available, for SandboxUnavailable's message
 
@@ -475,8 +478,8 @@ def _outcome(out: _Head, err: _Tail, report: _Report, killed: str | None, rc: in
     """Classify a finished run (see Execution). The exit status and the CPU time come from the kernel (wait4);
     the report pipe can only add failures: the code can write to it, but never take back what the guard wrote
     (a refusal that cannot be written ends the process), and anything but the sandbox's lines fails the run."""
-    if layer == "bwrap" and rc > 128 and not report.exited:
-        rc = -(rc - 128)  # bwrap reports a child killed by signal n as 128 + n
+    if layer != "none" and rc > 128 and not report.exited:
+        rc = -(rc - 128)  # bwrap, and the namespaces' init, report a child killed by signal n as 128 + n
     stdout, stderr = _text(out, head=True), _text(err, head=False)
     sig = -rc if rc < 0 else None
 

@@ -4,10 +4,11 @@ capability, nor a way back.
 
 - namespaces layer: it forks a monitor and a sandbox process. The monitor stays outside the new pid namespace,
   kills the sandbox at the deadline and exits as it did. The sandbox process (pid 1 of new user, pid, mount,
-  network, IPC and UTS namespaces) builds a new root on a tmpfs (/usr, the Python installation,
+  network, IPC and UTS namespaces, where it stays as init once the code's process is forked) builds a new root on a tmpfs (/usr, the Python installation,
   /etc/ld.so.cache and /etc/localtime read-only, five device nodes, its own /proc, an empty /tmp and the working
   directory, a `file_mb` tmpfs), pivots into it and detaches the old root, remounts everything but the working
-  directory and the device nodes read-only, then enters a second user and mount namespace: copied into a mount
+  directory read-only (the device nodes too: they still read and write, but their inodes, the caller's own,
+  cannot be changed), then enters a second user and mount namespace: copied into a mount
   namespace of a less privileged user namespace, every mount is locked to its place and its read-only, nosuid,
   nodev and noexec flags can no longer be cleared; there /proc is made read-only too.
 - every layer it runs for (namespaces and rlimits): it sets the secure bits that stop root from gaining
@@ -32,7 +33,7 @@ def program_source() -> str:
     """The setup interpreter's -c program: these functions' source (it runs without grpo on its path)."""
     return "from __future__ import annotations\n" + "\n".join(
         inspect.getsource(f) for f in (_mountinfo, _remount_read_only, _new_root, _lock_mounts, _enter_namespaces,
-                                       _drop_privileges, _setup))
+                                       _drop_privileges, _init, _setup))
 
 
 def _mountinfo() -> list:
@@ -92,10 +93,11 @@ def _new_root(config: dict, mount, libc) -> None:
     os.makedirs(new + root, mode=0o700, exist_ok=True)
     mount("tmpfs", new + root, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={config['file_mb']}m,mode=700")
 
-    writable = {new + root, new + "/proc"} | {new + t for kind, _, t in config["plan"] if kind == "file"
-                                              and t.startswith("/dev/")}
+    # Read-only too: the device nodes (a read-only mount still lets a device be read and written, but not its
+    # inode, which is the caller's own /dev/null: no chmod, no utime), all but the working directory (and /proc,
+    # made read-only in _lock_mounts, after the second user namespace's maps are written).
     for target, options in _mountinfo():
-        if (target == new or target.startswith(new + "/")) and target not in writable:
+        if (target == new or target.startswith(new + "/")) and target not in (new + root, new + "/proc"):
             _remount_read_only(mount, target, options)
 
     if config["pivot_root"] is None:
@@ -121,10 +123,8 @@ def _lock_mounts(config: dict, mount, unshare) -> None:
             f.write(text)
     if os.path.ismount("/proc"):
         _remount_read_only(mount, "/proc", dict(_mountinfo())["/proc"])
-        writable = {config["root"]} | {t for kind, _, t in config["plan"] if kind == "file"
-                                       and t.startswith("/dev/")}
         for target, options in _mountinfo():
-            if target not in writable and "ro" not in options.split(","):
+            if target != config["root"] and "ro" not in options.split(","):
                 raise OSError(f"{target} is still writable")
     for d in ("/", "/tmp", os.path.dirname(config["root"])):
         probe = os.path.join(d, ".grpo-sandbox-probe")
@@ -213,6 +213,31 @@ def _drop_privileges(config: dict, prctl, capset, strict: bool) -> None:
         raise OSError("no_new_privs is not set")
 
 
+def _init(config: dict) -> None:
+    """Fork the code's process (pid 2) and stay as its pid namespace's init (pid 1): reap what ends and, once the
+    code's process has, exit as it did (128 + n for a death by signal n: init cannot die of its own signal).
+    Since the code is not pid 1, its signals act as anywhere else (SIGXCPU at the CPU limit, a SIGTERM it sends
+    itself). Returns in the code's process only."""
+    import os
+    import signal
+
+    child = os.fork()
+    if child == 0:
+        return
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # no handler: nothing the code sends reaches init
+        for fd in (0, 1, 2, config["report_fd"]):
+            os.close(fd)
+        while True:
+            pid, status = os.wait()
+            if pid == child:
+                code = os.waitstatus_to_exitcode(status)
+                break
+    finally:
+        os._exit(code if code >= 0 else 128 - code)
+
+
 def _setup(config: dict, argv: list) -> None:
     """The setup interpreter's program: build the layers of `config["layer"]` ("namespaces" or "none") and
     execve() `argv`, the interpreter that runs the code; on failure report "setup <why>" and exit 125."""
@@ -244,6 +269,8 @@ def _setup(config: dict, argv: list) -> None:
         else:
             os.chdir(config["root"])
         _drop_privileges(config, libc.prctl, libc.capset, strict=config["layer"] == "namespaces")
+        if config["layer"] == "namespaces":
+            _init(config)
         os.execve(argv[0], argv, dict(os.environ))
     except BaseException as e:
         try:

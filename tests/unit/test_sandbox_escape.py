@@ -32,6 +32,8 @@ EXPECTED = {
     "read the run directory": ("refused", "refused", "done"),
     "list the temporary directory": ("refused", "refused", "done"),
     "write /dev/shm": ("refused", "refused", "done"),
+    # the caller's own device node, to the mode it has: bwrap binds it writable, and the caller's root owns it
+    "change a device node (chmod /dev/null)": ("done" if ROOT else "refused", "refused", "done" if ROOT else "refused"),
     # writing a kernel setting (the value it has): a caller's root may, by file permissions alone
     "write /proc/sys": ("refused", "refused", "done" if ROOT else "refused"),
     "signal the caller": ("refused", "refused", "refused"),
@@ -82,6 +84,9 @@ def create():
     with open($cwd_file, "x") as f:
         f.write("pwned")
 
+def chmod_device():
+    os.chmod("/dev/null", os.stat("/dev/null").st_mode & 0o7777)
+
 def sysctl():
     path = "/proc/sys/vm/overcommit_memory"
     value = open(path).read()
@@ -129,6 +134,7 @@ attempt("read the run directory", lambda: open($readme).read())
 attempt("list the temporary directory", lambda: os.listdir($tmp))
 attempt("write /dev/shm", shm)
 attempt("write /proc/sys", sysctl)
+attempt("change a device node (chmod /dev/null)", chmod_device)
 attempt("signal the caller", lambda: os.kill($pid, 0))
 attempt("signal every process (kill -1, 0)", lambda: os.kill(-1, 0))
 attempt("read the caller's memory (process_vm_readv)", vm_read)
@@ -229,6 +235,8 @@ def test_without_the_guard_and_the_filter_the_mounts_hold(kernel_layer, tmp_path
         for attack in EXPECTED_MOUNTS:
             assert out[attack + " from a new user namespace"] == "refused", attack
     assert int(out["status"]["CapEff"], 16) == 0 and out["status"]["Seccomp"] == "0"
+    assert out["change a device node (chmod /dev/null)"] == EXPECTED["change a device node (chmod /dev/null)"][
+        COLUMN[kernel_layer]]
 
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86_64 system-call ABIs")
