@@ -294,6 +294,18 @@ def _child(config: dict) -> None:
                 todo += [x for x in (te.__cause__, te.__context__) if x is not None]
         sys.stderr.write("".join(top.format()))
 
+    def unraisable(u):
+        """An exception the interpreter can only report (in an atexit function, a __del__…), printed as it would
+        print it but from linecache: its own printer opens the source files along sys.path, which the guard
+        would refuse (and count as a refusal of the code's)."""
+        try:
+            sys.stderr.write(f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n")
+            print_traceback(u.exc_value)
+        except BaseException:
+            pass
+
+    sys.unraisablehook = unraisable
+
     def exit_status(e):
         if e.code is None or isinstance(e.code, int):
             return int(e.code or 0)

@@ -137,6 +137,20 @@ def test_exit_status():
     assert (result.status, result.returncode, result.detail) == ("error", 3, "exit status 3")
 
 
+def test_the_end_waits_for_threads_and_runs_atexit():
+    """The child ends with os._exit, after what the interpreter's shutdown would do while still guarded: waiting
+    for non-daemon threads, atexit functions (one that raises is reported as the interpreter reports it, and is
+    not a refusal)."""
+    code = ("import atexit, sys, threading, time\n"
+            "atexit.register(lambda: print('atexit ran'))\n"
+            "atexit.register(lambda: sys.exit(3))\n"
+            "threading.Thread(target=lambda: (time.sleep(0.2), print('thread done'))).start()\n"
+            "print('main done')")
+    result = run_python(code)
+    assert (result.status, result.stdout) == ("ok", "main done\nthread done\natexit ran\n"), result
+    assert result.stderr.startswith("Exception ignored in atexit callback") and "SystemExit: 3" in result.stderr
+
+
 def test_stdlib_imports_work():
     code = ("import math, itertools, functools, collections, json, re, fractions, decimal, statistics, random\n"
             "import string, heapq, bisect, dataclasses, typing, enum, datetime, time\n"
