@@ -386,8 +386,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, report_fd: int, limits: Li
                  deadline: float) -> tuple[_Head, _Tail, _Report, str | None]:
     """Feed stdin and drain stdout, stderr and the report pipe until they close, the output limit is passed or
     the deadline comes, then wait (until the deadline) for the child to exit. Returns the kept stdout, stderr,
-    the report, and why the child was killed ("timeout", "output") or None. Bytes on the report pipe count
-    towards the output limit too."""
+    the report, and why the child was killed ("timeout", "output") or None."""
     cap = 4 * limits.output_chars
     out, err, report = _Head(cap), _Tail(cap), _Report()
     sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, report_fd: report}
@@ -423,10 +422,11 @@ def _communicate(proc: subprocess.Popen, data: bytes, report_fd: int, limits: Li
                     reading -= 1
                     continue
                 sinks[fd].add(chunk)
-                total += len(chunk)
-                if total > _OUTPUT_KILL_BYTES:
-                    killed = "output"
-                    break
+                if fd != report_fd:  # the report is read line by line into a few flags: it can run on
+                    total += len(chunk)
+                    if total > _OUTPUT_KILL_BYTES:
+                        killed = "output"
+                        break
         if killed is None and not _wait_exit(proc, deadline):
             killed = "timeout"
     finally:

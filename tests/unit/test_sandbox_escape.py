@@ -330,6 +330,14 @@ def test_tampering_with_the_report_alone_fails_the_run(layer):
         assert (result.status, result.detail) == ("error", detail), (code, result)
 
 
+def test_many_refusals_are_reported_not_cut():
+    """The report pipe is read line by line without a limit (only stdout and stderr count towards the output
+    limit): code that keeps provoking refusals is `blocked`, not `output`."""
+    result = parent.run_python("for i in range(20000):\n    try:\n        open('/etc/passwd')\n"
+                               "    except PermissionError:\n        pass\nprint('done')", limits=FAST)
+    assert (result.status, result.stdout) == ("blocked", "done\n"), result
+
+
 def test_the_report_parser():
     report = parent._Report()
     for chunk in (b"\nblocked reading /etc/pass", b"wd is not allowed\n\nexi", b"t 0\n"):
