@@ -218,6 +218,62 @@ def test_without_the_guard_each_layer_stops_what_it_says(layer, tmp_path, server
         assert int(status["CapBnd"], 16) == 0
 
 
+# The same attacks in plain Python, for the last column of docs/sandbox.md's table: with the guard on.
+_GUARDED_PROBE = r'''
+import json, os
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "done"
+    except (OSError, AttributeError) as e:  # PermissionError from the guard; a function the sandbox deleted
+        out[name] = "refused"
+def overwrite():
+    with open($marker, "r+") as f:
+        f.write("pwned")
+def sysctl():
+    with open("/proc/sys/vm/overcommit_memory", "w") as f:
+        f.write(open("/proc/sys/vm/overcommit_memory").read())
+attempt("overwrite a file outside", overwrite)
+attempt("create a file in the run directory", lambda: open($cwd_file, "x").close())
+attempt("read a file outside", lambda: open($secret).read())
+attempt("read the run directory", lambda: open($readme).read())
+attempt("list the temporary directory", lambda: os.listdir($tmp))
+attempt("write /dev/shm", lambda: open($shm_file, "x").close())
+attempt("change a device node (chmod /dev/null)", lambda: os.chmod("/dev/null", 0o666))
+attempt("write /proc/sys", sysctl)
+attempt("signal the caller", lambda: os.kill($pid, 0))
+attempt("signal every process (kill -1, 0)", lambda: os.kill(-1, 0))
+attempt("open a network socket", lambda: __import__("socket").socket().close())
+attempt("memfd_create", lambda: os.memfd_create("x"))
+print(json.dumps(out))
+'''
+
+
+def test_with_the_guard_the_same_attacks_are_refused(layer, tmp_path):
+    """What docs/sandbox.md says of rlimits with the guard (and of every layer with it): the plain-Python forms
+    of the attacks above are refused, the run is `blocked`, and the host is untouched."""
+    marker, secret = tmp_path / "marker.txt", tmp_path / "secret.txt"
+    marker.write_text("original")
+    secret.write_text("TOPSECRET")
+    cwd_file = os.path.join(os.getcwd(), f"grpo-sandbox-was-here-{os.getpid()}.txt")
+    shm_file = f"/dev/shm/grpo-sandbox-probe-{os.getpid()}"
+    code = string.Template(_GUARDED_PROBE).substitute(
+        marker=repr(str(marker)), cwd_file=repr(cwd_file), secret=repr(str(secret)),
+        readme=repr(os.path.join(os.getcwd(), "README.md")), tmp=repr(str(tmp_path)), shm_file=repr(shm_file),
+        pid=os.getpid())
+    try:
+        result = run(code, layer)
+    finally:
+        leftovers = [path for path in (cwd_file, shm_file) if os.path.exists(path)]
+        for path in leftovers:
+            os.remove(path)
+    assert result.status == "blocked", result
+    out = json.loads(result.stdout)
+    assert out == dict.fromkeys(out, "refused") and len(out) == 12
+    assert marker.read_text() == "original" and leftovers == [] and "TOPSECRET" not in result.stdout
+
+
 @pytest.mark.parametrize("kernel_layer", KERNEL_LAYERS)
 def test_without_the_guard_and_the_filter_the_mounts_hold(kernel_layer, tmp_path, server):
     """Without the seccomp filter too: the dropped capabilities and the locked mounts still stop the writes, the
