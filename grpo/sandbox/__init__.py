@@ -38,12 +38,13 @@ writable):
   switch it off, and then the kernel layers hold by themselves.
 
 Where no kernel layer works, `run_python` (and `ensure_available()`, which the python tool calls when it is built)
-raises `SandboxUnavailable` unless GRPO_SANDBOX_RLIMITS_ONLY=1 accepts the guard as the only file wall. The parent keeps the first `output_chars` characters of stdout and the last
-`output_chars` of stderr, kills the child past 1 MiB of output, at the deadline, and in the end kills the whole
-process group. The exit status and CPU time come from the kernel; the report pipe (refusals, memory errors) can
-only add failures: a refusal that cannot be reported ends the process, and a pipe closed, replaced or written to
-by the code fails the run. The child ends with os._exit, so no finaliser runs after the audit hooks are cleared.
-What each layer stops, measured, and what none does: docs/sandbox.md.
+raises `SandboxUnavailable` unless GRPO_SANDBOX_RLIMITS_ONLY=1 accepts the guard as the only file wall. The parent
+keeps the first `output_chars` characters of stdout and the last `output_chars` of stderr, kills the child past 1
+MiB of output, at the deadline, and in the end kills the whole process group. The exit status and CPU time come from
+the kernel; the report pipe (refusals, memory errors) can only add failures: a refusal that cannot be reported ends
+the process, and a pipe closed, replaced or written to by the code fails the run. The child ends with os._exit, so
+no finaliser runs after the audit hooks are cleared. What each layer stops, measured, and what none does:
+docs/sandbox.md.
 """
 from grpo.sandbox.parent import (STATUSES, Execution, Limits, SandboxUnavailable, ensure_available, isolation,
                                  python_tool_result, run_python)

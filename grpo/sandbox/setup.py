@@ -2,15 +2,15 @@
 then execve()s the interpreter that runs the code (grpo/sandbox/child.py), which so never holds ctypes, nor any
 capability, nor a way back.
 
-- namespaces layer: it forks a monitor and a sandbox process. The monitor stays outside the new pid namespace,
-  kills the sandbox at the deadline and exits as it did. The sandbox process (pid 1 of new user, pid, mount,
-  network, IPC and UTS namespaces, where it stays as init once the code's process is forked) builds a new root on a tmpfs (/usr, the Python installation,
-  /etc/ld.so.cache and /etc/localtime read-only, five device nodes, its own /proc, an empty /tmp and the working
-  directory, a `file_mb` tmpfs), pivots into it and detaches the old root, remounts everything but the working
-  directory read-only (the device nodes too: they still read and write, but their inodes, the caller's own,
-  cannot be changed), then enters a second user and mount namespace: copied into a mount
-  namespace of a less privileged user namespace, every mount is locked to its place and its read-only, nosuid,
-  nodev and noexec flags can no longer be cleared; there /proc is made read-only too.
+- namespaces layer: it forks a monitor and a sandbox process. The monitor stays outside the new pid namespace, kills
+  the sandbox at the deadline and exits as it did. The sandbox process (pid 1 of new user, pid, mount, network, IPC
+  and UTS namespaces, where it stays as init once it has forked the code's process) builds a new root on a tmpfs
+  (/usr, the Python installation, /etc/ld.so.cache and /etc/localtime read-only, five device nodes, its own /proc,
+  an empty /tmp and the working directory, a `file_mb` tmpfs), pivots into it and detaches the old root, remounts
+  everything but the working directory read-only (the device nodes too: they still read and write, but their inodes,
+  the caller's own, cannot be changed), then enters a second user and mount namespace: copied into a mount namespace
+  of a less privileged user namespace, every mount is locked to its place and its read-only, nosuid, nodev and
+  noexec flags can no longer be cleared; there /proc is made read-only too.
 - every layer it runs for (namespaces and rlimits): it sets the secure bits that stop root from gaining
   capabilities at execve (locked), empties the bounding, ambient, inheritable, permitted and effective
   capability sets where it may, sets no_new_privs, installs the seccomp filter (grpo/sandbox/seccomp.py) and

@@ -18,6 +18,7 @@ import string
 import pytest
 
 from grpo.sandbox import parent
+# the fixtures too (layer, server, and no_leftovers, which checks after each test that no process is left)
 from tests.unit.test_sandbox import FAST, layer, no_leftovers, run, server, _skip_unless_available  # noqa: F401
 
 KERNEL_LAYERS = [pytest.param("namespaces"), pytest.param("bwrap")]
