@@ -282,9 +282,10 @@ def calculator(expression: str) -> str:
 def python_tool(limits=None) -> Callable[[str], str]:
     """The `python` tool: each call runs its program in `grpo.sandbox` under `limits` (`grpo.sandbox.Limits`;
     None: the defaults)."""
-    from grpo.sandbox import Limits, python_tool_result, run_python
+    from grpo.sandbox import Limits, ensure_available, python_tool_result, run_python
 
     limits = limits or Limits()
+    ensure_available()  # a machine the sandbox refuses stops the run here, not in every call the model makes
 
     def python(code: str) -> str:
         """Run a Python program in a sandbox and return what it prints (standard output, then errors).

@@ -1,6 +1,7 @@
-"""The sandbox's child side: the program the sandboxed interpreter runs (`_child`). It reads the code (sent
-ahead of stdin), builds the sandbox from inside (the namespaces of the namespaces layer with a private filesystem,
-the rlimits, the guard's audit hook), runs the code as __main__ and reports how it ended on the report pipe.
+"""The sandbox's child side: the program of the interpreter that runs the code (`_child`). It reads the code
+(sent ahead of stdin), sets the rlimits, installs the guard's audit hook, runs the code as __main__, reports how
+it ended on the report pipe and ends with os._exit. The kernel layers are built before it starts (by bwrap, or
+by grpo/sandbox/setup.py, which execve()s it), so this interpreter never loads ctypes.
 
 These functions run in the sandboxed interpreter, not in the caller: grpo.sandbox.parent starts the interpreter
 with `BOOTSTRAP` as its -c program and `program_source()` (their source) as its first argument. The functions
@@ -19,22 +20,32 @@ BOOTSTRAP = "import sys; exec(compile(sys.argv[1], '<sandbox>', 'exec'))"
 def program_source() -> str:
     """The -c program: these functions' source (the child's interpreter runs without grpo on its path)."""
     return "from __future__ import annotations\n" + "\n".join(
-        inspect.getsource(f) for f in (_make_guard, _private_fs, _enter_namespaces, _child))
+        inspect.getsource(f) for f in (_make_guard, _child))
 
 
-def _make_guard(root: str, readable: tuple, unreadable: tuple, report_fd: int, pid: int):
+def _make_guard(root: str, readable: tuple, unreadable: tuple, report_fd: int, pid: int, lost: int = 86):
     """The audit hook of the guard. Everything it uses is a default argument or a literal (no global or builtin
     name is looked up at call time, no closure), and every container it holds is immutable, so code that
     patches builtins or modules, or even gets hold of the hook, cannot change what it does; it never calls into
-    objects the code could have defined (paths must be str or bytes)."""
+    objects the code could have defined (paths must be str or bytes).
+
+    A refusal is written to the report pipe (`report_fd`), so that catching the PermissionError does not hide
+    it. If that descriptor is no longer the pipe it was (closed, or another file put in its place) or the line
+    cannot be written whole, the process ends at once with status `lost`: a refusal is never lost."""
     import posix
 
-    def refuse(reason, report_fd=report_fd, write=posix.write, encode=str.encode, OSError=OSError,
+    channel = (posix.fstat(report_fd)[2], posix.fstat(report_fd)[1])  # st_dev, st_ino of the report pipe
+
+    def refuse(reason, report_fd=report_fd, channel=channel, lost=lost, write=posix.write, fstat=posix.fstat,
+               exit=posix._exit, item=tuple.__getitem__, encode=str.encode, len=len, OSError=OSError,
                PermissionError=PermissionError):
-        try:  # reported on the side channel, so that catching the PermissionError does not hide it
-            write(report_fd, encode("blocked " + reason + "\n"))
+        line = encode("\nblocked " + reason[:1000] + "\n")  # on a line of its own, whatever was written before
+        try:
+            st = fstat(report_fd)
+            if (item(st, 2), item(st, 1)) != channel or write(report_fd, line) != len(line):
+                exit(lost)
         except OSError:
-            pass
+            exit(lost)
         raise PermissionError("sandbox: " + reason)
 
     def resolve(path, root=root, str=str, bytes=bytes, int=int, type=type, issubclass=issubclass,
@@ -152,6 +163,8 @@ def _make_guard(root: str, readable: tuple, unreadable: tuple, report_fd: int, p
             refuse("inspecting the interpreter's objects is not allowed")
         elif event == "cpython.PyInterpreterState_New":
             refuse("sub-interpreters are not allowed")
+        elif event == "sys.addaudithook":  # a hook of the code's own would outlive the guard's at shutdown
+            refuse("adding audit hooks is not allowed")
         elif event == "object.__setattr__":
             name = args[1]
             if type(name) is not str:
@@ -185,123 +198,22 @@ def _make_guard(root: str, readable: tuple, unreadable: tuple, report_fd: int, p
     return audit
 
 
-def _private_fs(libc, root: str, hidden: list, size_mb: int) -> str | None:
-    """In a new mount namespace: remount everything read-only, hide `hidden` under empty read-only tmpfs mounts
-    and mount a `size_mb` tmpfs at `root`. Returns an error message, or None when the filesystem is private."""
-    import os
-
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
-    MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_RELATIME, MS_STRICTATIME = 1024, 2048, 4096, 1 << 21, 1 << 24
-    kept = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
-            "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME, "strictatime": MS_STRICTATIME}
-
-    def mount(source, target, fstype, flags, data=None):
-        enc = [None if s is None else s.encode() for s in (source, target, fstype, data)]
-        if libc.mount(enc[0], enc[1], enc[2], flags, enc[3]) != 0:
-            import ctypes
-            return f"mount {target}: {os.strerror(ctypes.get_errno())}"
-        return None
-
-    def unescape(field):  # mountinfo escapes space, tab, newline and backslash as \ooo
-        out, i = [], 0
-        while i < len(field):
-            if field[i] == "\\" and field[i + 1:i + 4].isdigit():
-                out.append(chr(int(field[i + 1:i + 4], 8)))
-                i += 4
-            else:
-                out.append(field[i])
-                i += 1
-        return "".join(out)
-
-    with open("/proc/self/mountinfo") as f:
-        mounts = [(unescape(fields[4]), fields[5]) for fields in (line.split() for line in f)]
-    for target, options in mounts:
-        # A remount in a user namespace must keep the flags the mount was locked with (nosuid, nodev…).
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for option in options.split(","):
-            flags |= kept.get(option, 0)
-        mount(None, target, None, flags)  # a mount that refuses is checked below, through what matters
-    for d in hidden:
-        error = mount("tmpfs", d, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=64k,mode=755")
-        if error:
-            return error
-    os.makedirs(root, mode=0o700, exist_ok=True)  # inside a hidden directory it has to be made again
-    error = mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, f"size={size_mb}m,mode=700")
-    if error:
-        return error
-    for d in hidden:
-        error = mount(None, d, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        if error:
-            return error
-    for d in {os.path.dirname(root), "/"}:
-        probe = os.path.join(d, ".grpo-sandbox-probe")
-        try:
-            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except OSError:
-            continue
-        os.unlink(probe)
-        return f"{d} is still writable"
-    return None
-
-
-def _enter_namespaces(config: dict, libc) -> str | None:
-    """Move into new user, mount, pid, network, IPC and UTS namespaces. The calling process stays outside the
-    pid namespace as a monitor: it kills the sandbox at the deadline, exits as the sandbox did and never returns
-    here. The sandbox (pid 1 inside) gets a private /proc and filesystem. Returns an error message, or None."""
-    import ctypes
-    import os
-    import signal
-
-    CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-    CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-    MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE, PR_SET_PDEATHSIG = 2, 4, 8, 16384, 1 << 18, 1
-    uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
-    if libc.unshare(flags) != 0:
-        return "unshare: " + os.strerror(ctypes.get_errno())
-    try:
-        for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
-            with open(f"/proc/self/{name}", "w") as f:
-                f.write(text)
-    except OSError as e:
-        return f"user namespace: {e}"
-    child = os.fork()
-    if child:  # the monitor: whatever happens, it exits here
-        code = 1
-        try:
-            for fd in (0, 1, 2, config["report_fd"]):
-                os.close(fd)
-            signal.signal(signal.SIGALRM, lambda *_: os.kill(child, signal.SIGKILL))
-            signal.setitimer(signal.ITIMER_REAL, config["deadline_s"])
-            _, status = os.waitpid(child, 0)
-            code = os.waitstatus_to_exitcode(status)
-            if code < 0:  # die of the same signal, so that the caller sees what happened
-                if -code not in (signal.SIGKILL, signal.SIGSTOP):
-                    signal.signal(-code, signal.SIG_DFL)
-                os.kill(os.getpid(), -code)
-        finally:
-            os._exit(code if code >= 0 else 128 - code)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return "mount --make-rprivate /: " + os.strerror(ctypes.get_errno())
-    # Our own /proc (this pid namespace's processes only); some containers forbid it: then the host's stays,
-    # which shows other processes without letting the sandbox reach them.
-    libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    return _private_fs(libc, config["root"], config["hidden"], config["file_mb"])
-
-
 def _child(config: dict) -> None:
-    """The sandboxed interpreter's program: read the code (sent ahead of stdin), build the sandbox (namespaces,
-    rlimits, guard), run the code as __main__ and report how it ended on the report pipe: "blocked <reason>",
-    "memory", "setup <error>", "exit <status>"."""
+    """The sandboxed interpreter's program: read the code (sent ahead of stdin), set the rlimits, install the
+    guard, run the code as __main__ and report how it ended on the report pipe ("blocked <reason>", "memory",
+    "exit <status>"). It ends with os._exit after flushing: the interpreter's own shutdown, which clears the audit
+    hooks before it finalises the objects left, never runs."""
     import os
     import sys
 
-    report = config["report_fd"]
+    report, lost = config["report_fd"], config["lost_status"]
+    # Kept here: the code may replace the module's functions, or os.stat_result's attributes.
+    write, fstat, exit_, item = os.write, os.fstat, os._exit, tuple.__getitem__
+    channel = (item(fstat(report), 2), item(fstat(report), 1))  # st_dev, st_ino of the report pipe
 
     def say(line):
         try:
-            os.write(report, (line + "\n").encode())
+            write(report, ("\n" + line + "\n").encode())
         except OSError:
             pass
 
@@ -313,18 +225,7 @@ def _child(config: dict) -> None:
         chunks.append(chunk)
         left -= len(chunk)
     source = b"".join(chunks).decode("utf-8", "replace")
-
-    if config["namespaces"]:
-        import ctypes
-        try:
-            error = _enter_namespaces(config, ctypes.CDLL(None, use_errno=True))
-        except Exception as e:
-            error = f"{type(e).__name__}: {e}"
-        if error:
-            say("setup " + error)
-            os._exit(125)
-        del ctypes
-    os.chdir(config["root"])  # again: in namespaces, onto the tmpfs mounted over it
+    os.chdir(config["root"])
 
     import resource
     mb = 1 << 20
@@ -334,7 +235,7 @@ def _child(config: dict) -> None:
     if config["nproc"]:  # counted per user namespace; outside one it would count the caller's processes too
         limits.append((resource.RLIMIT_NPROC, 64))
     for which, soft in limits:
-        # The CPU hard limit one second later: SIGXCPU first, then SIGKILL if that is ignored (as pid 1 it is).
+        # The CPU hard limit one second later: SIGXCPU first, then SIGKILL if the code ignores that.
         hard = soft + 1 if which == resource.RLIMIT_CPU else soft
         old_hard = resource.getrlimit(which)[1]
         if old_hard != resource.RLIM_INFINITY:
@@ -342,11 +243,11 @@ def _child(config: dict) -> None:
         resource.setrlimit(which, (soft, hard))
     del resource
 
-    if not config["namespaces"]:  # there the monitor does it; this also ends a child whose caller died
+    if config["watchdog"]:  # without the namespaces' monitor: this also ends a child whose caller died
         import _thread
         import time
 
-        def watchdog(seconds=config["deadline_s"], sleep=time.sleep, exit=os._exit):
+        def watchdog(seconds=config["deadline_s"], sleep=time.sleep, exit=exit_):
             sleep(seconds)
             exit(137)
 
@@ -356,18 +257,21 @@ def _child(config: dict) -> None:
     import signal
     import traceback
     for name in list(sys.modules):  # what only the setup needed: imported again, the guard would refuse it
-        if name.split(".")[0] in ("ctypes", "_ctypes", "resource"):
+        if name.split(".")[0] == "resource":
             del sys.modules[name]
     # Builtin modules are imported now, and _imp.create_builtin deleted: it would make fresh copies of posix
     # and _signal, with the functions deleted below; the guard refuses importing them again from elsewhere.
-    for name in sys.builtin_module_names:
-        if name != "gc":
-            __import__(name)
+    import warnings
+    with warnings.catch_warnings():  # a deprecated builtin module (spwd in some builds) would warn on stderr
+        warnings.simplefilter("ignore")
+        for name in sys.builtin_module_names:
+            if name != "gc":
+                __import__(name)
     del sys.modules["_imp"].create_builtin
     for module in (os, sys.modules["posix"], signal, sys.modules["_signal"], sys.modules["time"]):
         for name in ("pidfd_open", "pidfd_send_signal", "setpriority", "sched_setaffinity", "sched_setscheduler",
                      "sched_setparam", "mknod", "mkfifo", "chroot", "setns", "unshare", "clock_settime",
-                     "clock_settime_ns"):
+                     "clock_settime_ns", "memfd_create"):
             function = getattr(module, name, None)
             if function is not None:
                 delattr(module, name)
@@ -376,7 +280,7 @@ def _child(config: dict) -> None:
     if config["guard"]:
         readable = tuple(sorted({os.path.realpath(p) for p in sys.path if os.path.exists(p)}))
         unreadable = tuple(p + "/" + s for p in readable for s in ("site-packages", "dist-packages"))
-        sys.addaudithook(_make_guard(config["root"], readable, unreadable, report, os.getpid()))
+        sys.addaudithook(_make_guard(config["root"], readable, unreadable, report, os.getpid(), lost))
 
     def print_traceback(e):
         """As the interpreter prints it, without the frames of this program and of the guard."""
@@ -390,6 +294,24 @@ def _child(config: dict) -> None:
                 todo += [x for x in (te.__cause__, te.__context__) if x is not None]
         sys.stderr.write("".join(top.format()))
 
+    def unraisable(u):
+        """An exception the interpreter can only report (in an atexit function, a __del__…), printed as it would
+        print it but from linecache: its own printer opens the source files along sys.path, which the guard
+        would refuse (and count as a refusal of the code's)."""
+        try:
+            sys.stderr.write(f"{u.err_msg or 'Exception ignored in'}: {u.object!r}\n")
+            print_traceback(u.exc_value)
+        except BaseException:
+            pass
+
+    sys.unraisablehook = unraisable
+
+    def exit_status(e):
+        if e.code is None or isinstance(e.code, int):
+            return int(e.code or 0)
+        print(e.code, file=sys.stderr)
+        return 1
+
     main = type(sys)("__main__")
     main.__file__ = "main.py"
     main.__builtins__ = __builtins__
@@ -401,11 +323,7 @@ def _child(config: dict) -> None:
     try:
         exec(compile(source, "main.py", "exec"), main.__dict__)
     except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            status = int(e.code or 0)
-        else:
-            print(e.code, file=sys.stderr)
-            status = 1
+        status = exit_status(e)
     except BaseException as e:
         status = 1
         if isinstance(e, MemoryError):
@@ -415,10 +333,30 @@ def _child(config: dict) -> None:
             print_traceback(e)
         except BaseException:
             print(f"{type(e).__name__}: {e}", file=sys.stderr)
+    # What the interpreter's shutdown would do while the audit hooks still hold (waiting for the code's threads,
+    # its atexit functions), still guarded; then os._exit, so that nothing runs after the hooks are gone.
+    for finish in ("threading", "atexit"):
+        try:
+            if finish == "threading" and "threading" in sys.modules:
+                sys.modules["threading"]._shutdown()
+            elif finish == "atexit":
+                import atexit
+                atexit._run_exitfuncs()
+        except SystemExit as e:
+            status = exit_status(e)
+        except BaseException:
+            pass
     try:
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:
-        pass
+        status = status or 120  # as the interpreter does when it cannot flush
+    try:
+        st = fstat(report)
+        intact = (item(st, 2), item(st, 1)) == channel
+    except OSError:
+        intact = False
+    if not intact:  # the code closed or replaced the report pipe: the run counts as failed
+        exit_(lost + 1)
     say(f"exit {status}")
-    sys.exit(status)
+    exit_(status)

@@ -1,7 +1,9 @@
 """The sandbox's parent side: `run_python` picks the strongest layer that works here (probed once), starts the
-child interpreter (under bwrap for that layer) in a fresh working directory with a minimal environment, feeds it
-the code and stdin, keeps the head of stdout and the tail of stderr, reads the child's report, kills its whole
-process group at the end or at a limit, and classifies the outcome (`Execution`). The program the child runs is
+sandbox in a fresh working directory with a minimal environment (under bwrap for that layer, else through the
+setup interpreter of grpo/sandbox/setup.py, which execve()s the code's interpreter), hands it the seccomp filter,
+feeds it the code and stdin, keeps the head of stdout and the tail of stderr, reads the report pipe, kills its
+whole process group at the end or at a limit, and classifies the outcome (`Execution`) from the exit status and
+CPU time the kernel gives (wait4) and the failures the report adds. The program the code's interpreter runs is
 grpo/sandbox/child.py; what the layers contain is in grpo/sandbox/__init__.py and docs/sandbox.md.
 """
 from __future__ import annotations
@@ -19,12 +21,27 @@ import threading
 import time
 from dataclasses import dataclass
 
+from grpo.errors import GRPOError
+from grpo.sandbox import seccomp, setup
 from grpo.sandbox.child import BOOTSTRAP, program_source
 
 STATUSES = ("ok", "error", "timeout", "memory", "blocked", "output")
 _OUTPUT_KILL_BYTES = 1 << 20   # stdout + stderr beyond this: the child is killed (status "output")
 _TRUNCATED = "…[truncated]"
 _TOOL_STDERR_LINES = 20        # python_tool_result shows this many of stderr's last lines
+_REPORT_LINE_BYTES = 4096      # a longer line on the report pipe is not the sandbox's: the report is garbled
+_SETUP_FAILED = 125            # the setup stage's exit status when a layer could not be built
+_CHANNEL_LOST = 86             # the guard's exit status when it cannot report a refusal (child.py's `lost`)…
+_CHANNEL_REPLACED = 87         # …and the child's when it finds the report pipe closed or replaced at the end
+# Set to 1 to run model-written code where no kernel layer works (isolation() == "rlimits+guard"): see
+# SandboxUnavailable.
+ALLOW_RLIMITS_ONLY = "GRPO_SANDBOX_RLIMITS_ONLY"
+
+
+class SandboxUnavailable(GRPOError):
+    """No kernel layer (bubblewrap, user namespaces) works on this machine, and the rlimits and the guard alone
+    were not accepted (environment variable GRPO_SANDBOX_RLIMITS_ONLY=1): without a kernel layer, code that
+    switches the guard off can do whatever the caller's user can."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +100,28 @@ class Execution:
 
 def run_python(code: str, *, stdin: str = "", limits: Limits = Limits()) -> Execution:
     """Run `code` as a Python program in a new sandboxed process (see grpo.sandbox), with `stdin` as its
-    standard input. Never raises for anything the code does; hostile code ends as a failed Execution."""
-    return _run(code, stdin, limits, _layer())
+    standard input. Never raises for anything the code does; hostile code ends as a failed Execution. Raises
+    SandboxUnavailable where no kernel layer works and GRPO_SANDBOX_RLIMITS_ONLY=1 is not set."""
+    layer = ensure_available()
+    return _run(code, stdin, limits, layer)
+
+
+def ensure_available() -> str:
+    """The layer run_python uses here ("bwrap", "namespaces" or "none"); raises SandboxUnavailable where it would
+    (no kernel layer, and GRPO_SANDBOX_RLIMITS_ONLY=1 not set). What builds the python tool calls it, so that a
+    run on such a machine stops before it starts instead of feeding the model the error."""
+    layer = _layer()
+    if layer == "none":
+        why = "; ".join(f"{name}: {_probe_failures.get(name, 'not available')}" for name in ("bwrap", "namespaces"))
+        if os.environ.get(ALLOW_RLIMITS_ONLY) != "1":
+            raise SandboxUnavailable(
+                f"the sandbox has no kernel layer on this machine ({why}), so model-written code would be contained "
+                f"by a Python audit hook alone; install bubblewrap or allow unprivileged user namespaces, or set "
+                f"{ALLOW_RLIMITS_ONLY}=1 to accept that (docs/sandbox.md)")
+        if not _available("none"):
+            raise SandboxUnavailable(f"the sandbox cannot run code on this machine ({why}; rlimits: "
+                                     f"{_probe_failures['none']})")
+    return layer
 
 
 def isolation() -> str:
@@ -111,25 +148,32 @@ def python_tool_result(execution: Execution) -> str:
 
 # ---------------------------------------------------------------------------------------------------- layers
 
-_LAYERS = ("bwrap", "namespaces", "none")
+# For a root caller the namespaces layer comes first: under bwrap its code (the caller's root, without
+# capabilities) could still chmod or touch the host's own device nodes, which bwrap binds writable (and a
+# read-only bind would make them unusable, nodev), where the namespaces layer binds them read-only.
+_LAYERS = ("namespaces", "bwrap", "none") if os.geteuid() == 0 else ("bwrap", "namespaces", "none")
 _probe_lock = threading.Lock()
+_probe_failures: dict[str, str] = {}   # why a layer is not available, for SandboxUnavailable's message
 
 
 @functools.cache
 def _available(layer: str) -> bool:
     """Whether `layer` works here: a trivial program runs under it and reports its sandbox built."""
-    if layer == "none":
-        return True
     if layer == "bwrap" and shutil.which("bwrap") is None:
+        _probe_failures[layer] = "bwrap is not installed"
         return False
     result = _run("print('ok')", "", Limits(timeout_s=20.0), layer)
-    return result.ok and result.stdout == "ok\n"
+    if result.ok and result.stdout == "ok\n":
+        return True
+    _probe_failures[layer] = (result.detail or result.status) + (
+        f" ({result.stderr.strip().splitlines()[-1]})" if result.stderr.strip() else "")
+    return False
 
 
 def _layer() -> str:
     """The strongest layer that works here, probed once (under a lock: rows of a batch start concurrently)."""
     with _probe_lock:
-        return next(layer for layer in _LAYERS if _available(layer))
+        return next((layer for layer in _LAYERS[:-1] if _available(layer)), "none")
 
 
 def _interpreter() -> str:
@@ -139,48 +183,71 @@ def _interpreter() -> str:
 
 
 def _needed_dirs() -> list[str]:
-    """Directories the child's interpreter reads: its prefix (stdlib, libpython) and its binary's directory."""
+    """Directories the child's interpreter reads: its prefix (stdlib, libpython) and its binary's directory, the
+    outermost of nested ones."""
     exe = _interpreter()
-    return sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(exe))})
-
-
-def _hidden_dirs() -> list[str]:
-    """Directories the namespaces layer hides under empty tmpfs mounts: the system temporary directory, the
-    caller's working directory (the run directory), HOME and /dev/shm, except those holding the interpreter."""
-    needed = _needed_dirs()
-    out: list[str] = []
-    candidates = [tempfile.gettempdir(), os.path.expanduser("~"), "/dev/shm"]
-    try:
-        candidates.append(os.getcwd())
-    except OSError:  # deleted under us: nothing there to hide
-        pass
-    for d in sorted({os.path.realpath(c) for c in candidates}, key=len):
-        if d == "/" or not os.path.isdir(d) or any(_inside(n, d) for n in needed):
-            continue
-        if not any(_inside(d, h) for h in out):  # one inside another is hidden already
-            out.append(d)
-    return out
+    dirs = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(exe))},
+                  key=len)
+    return [d for i, d in enumerate(dirs) if not any(_inside(d, e) for e in dirs[:i])]
 
 
 def _inside(path: str, d: str) -> bool:
     return path == d or path.startswith(d.rstrip("/") + "/")
 
 
-def _bwrap_command(root: str, limits: Limits) -> list[str]:
-    """bubblewrap around the interpreter: /usr and the Python installation read-only, the rest empty."""
-    cmd = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+def _root_plan() -> list[tuple[str, str, str]]:
+    """What the sandbox's root holds besides /proc, /dev, /tmp and the working directory, as (kind, source,
+    target): ("symlink", where it points, path), ("dir", host directory, path) bound read-only, ("file", host
+    file, path) bound read-only: /usr (and the /bin, /lib… links to it), the Python installation,
+    /etc/ld.so.cache and /etc/localtime."""
+    plan = []
     for d in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
         if os.path.islink(d):
-            cmd += ["--symlink", os.readlink(d), d]
+            plan.append(("symlink", os.readlink(d), d))
         elif os.path.isdir(d):
-            cmd += ["--ro-bind", d, d]
-    for d in _needed_dirs():
-        if not _inside(d, "/usr"):
-            cmd += ["--ro-bind", d, d]
-    cmd += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--ro-bind-try", "/etc/localtime",
-            "/etc/localtime", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
-            "--size", str(limits.file_mb << 20), "--tmpfs", root, "--remount-ro", "/tmp", "--chdir", root, "--"]
-    return cmd
+            plan.append(("dir", d, d))
+    plan += [("dir", d, d) for d in _needed_dirs() if not _inside(d, "/usr")]
+    plan += [("file", os.path.realpath(f), f) for f in ("/etc/ld.so.cache", "/etc/localtime") if os.path.isfile(f)]
+    return plan
+
+
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+def _bwrap_command(root: str, limits: Limits, seccomp_fd: int | None) -> list[str]:
+    """bubblewrap around the interpreter: the root of `_root_plan()`, read-only but for the working directory
+    (a `file_mb` tmpfs); no capabilities, no further user namespaces (so the mounts cannot be changed), the seccomp
+    filter read from `seccomp_fd`."""
+    cmd = ["bwrap", "--unshare-all", "--unshare-user", "--cap-drop", "ALL", "--die-with-parent", "--new-session"]
+    if _bwrap_version() >= (0, 8):  # before 0.8 the filter alone keeps the code from making a user namespace
+        cmd.append("--disable-userns")
+    for kind, source, target in _root_plan():
+        cmd += ["--symlink", source, target] if kind == "symlink" else ["--ro-bind", source, target]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--dir", "/tmp", "--size", str(limits.file_mb << 20),
+            "--tmpfs", root, "--remount-ro", "/proc", "--remount-ro", "/dev", "--remount-ro", "/"]
+    if seccomp_fd is not None:
+        cmd += ["--seccomp", str(seccomp_fd)]
+    return cmd + ["--chdir", root, "--"]
+
+
+@functools.cache
+def _bwrap_version() -> tuple[int, ...]:
+    """bwrap's version ("bubblewrap 0.8.0" -> (0, 8, 0)); (0,) if it cannot be told."""
+    try:
+        text = subprocess.run(["bwrap", "--version"], capture_output=True, text=True, timeout=10).stdout
+        return tuple(int(part) for part in text.split()[-1].split("."))
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return (0,)
+
+
+def _setup_config(layer: str, root: str, limits: Limits, report_fd: int, filter_fd: int) -> dict:
+    """The setup stage's configuration (grpo/sandbox/setup.py) for the namespaces and rlimits layers."""
+    plan = _root_plan() + [("file", f"/dev/{d}", f"/dev/{d}") for d in _DEVICES] + [
+        ("symlink", "/proc/self/fd", "/dev/fd")] + [
+        ("symlink", f"/proc/self/fd/{i}", f"/dev/{name}") for i, name in enumerate(("stdin", "stdout", "stderr"))]
+    return {"layer": layer, "root": root, "report_fd": report_fd, "filter_fd": filter_fd,
+            "deadline_s": limits.timeout_s + 2.0, "file_mb": limits.file_mb, "plan": plan,
+            "pivot_root": seccomp.syscall_number("pivot_root")}  # None where unknown: the layer is not built
 
 
 def _environment(root: str) -> dict[str, str]:
@@ -190,31 +257,48 @@ def _environment(root: str) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------------ one run
 
-def _run(code: str, stdin: str, limits: Limits, layer: str, *, guard: bool = True) -> Execution:
-    """One execution under `layer` ("bwrap", "namespaces" or "none"); `guard=False` (tests only) leaves the
-    audit hook out, to check what the kernel layers contain by themselves."""
+def _run(code: str, stdin: str, limits: Limits, layer: str, *, guard: bool = True,
+         filtered: bool = True) -> Execution:
+    """One execution under `layer` ("bwrap", "namespaces" or "none"). For tests, to check what the other layers
+    hold by themselves: `guard=False` leaves the audit hook out, `filtered=False` the seccomp filter."""
     root = os.path.realpath(tempfile.mkdtemp(prefix="grpo-sandbox-"))
     program = code.encode("utf-8", "replace")
     report_r, report_w = os.pipe()
+    filter_r, filter_w = os.pipe()
     config = {"root": root, "report_fd": report_w, "program_bytes": len(program), "guard": guard,
-              "namespaces": layer == "namespaces", "hidden": _hidden_dirs() if layer == "namespaces" else [],
               "cpu_s": limits.cpu_s, "memory_mb": limits.memory_mb, "file_mb": limits.file_mb,
-              "nproc": layer != "none", "deadline_s": limits.timeout_s + 2.0}
+              "nproc": layer != "none", "deadline_s": limits.timeout_s + 2.0, "watchdog": layer != "namespaces",
+              "lost_status": _CHANNEL_LOST}
     # -P -s -S -B rather than -I: -I also implies -E, which would ignore PYTHONHASHSEED; the environment is
     # built from scratch anyway.
-    argv = [_interpreter(), "-P", "-s", "-S", "-B", "-c", BOOTSTRAP, f"{program_source()}\n_child({config!r})\n"]
+    python = [_interpreter(), "-P", "-s", "-S", "-B", "-c"]
+    argv = python + [BOOTSTRAP, f"{program_source()}\n_child({config!r})\n"]
+    with_filter = filtered and seccomp.architecture() is not None
     if layer == "bwrap":
-        argv = _bwrap_command(root, limits) + argv
+        argv = _bwrap_command(root, limits, filter_r if with_filter else None) + argv
+    else:
+        setup_config = _setup_config(layer, root, limits, report_w, filter_r)
+        argv = python + [setup.BOOTSTRAP, f"{setup.program_source()}\n_setup({setup_config!r}, sys.argv[2:])\n",
+                         *argv]
     start = time.monotonic()
     try:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     cwd=root, env=_environment(root), start_new_session=True, close_fds=True,
-                                    pass_fds=(report_w,))
+                                    pass_fds=(report_w, filter_r) if layer != "bwrap" or with_filter else (report_w,))
         except OSError as e:
             return Execution("error", "", "", None, 0.0, f"sandbox: cannot start the interpreter: {e}")
         finally:
             os.close(report_w)
+            os.close(filter_r)
+        try:
+            # Written once the child's pid is known: without a pid namespace the filter lets signals go only
+            # to it and its process group. Small enough for the pipe's buffer: this never blocks.
+            if with_filter:
+                os.write(filter_w, seccomp.program(own_pid=proc.pid if layer == "none" else None))
+        finally:
+            os.close(filter_w)
+            filter_w = -1
         try:
             out, err, report, killed = _communicate(proc, program + stdin.encode("utf-8", "replace"), report_r,
                                                     limits, start + limits.timeout_s)
@@ -223,6 +307,8 @@ def _run(code: str, stdin: str, limits: Limits, layer: str, *, guard: bool = Tru
         seconds = time.monotonic() - start
         return _outcome(out, err, report, killed, proc.returncode, cpu, seconds, limits, layer)
     finally:
+        if filter_w != -1:
+            os.close(filter_w)
         os.close(report_r)
         _remove(root)
 
@@ -254,13 +340,55 @@ class _Tail(_Head):
             del self.data[:-self.cap]
 
 
+class _Report:
+    """What the report pipe said, read line by line as it comes: the first refusal ("blocked <reason>"),
+    "memory", a setup failure ("setup <why>"), the exit status the child reported ("exit <n>"), and whether
+    anything else came (`garbled`: the code wrote to the pipe; a line too long to be the sandbox's included)."""
+
+    def __init__(self):
+        self.partial = bytearray()
+        self.blocked: str | None = None
+        self.setup: str | None = None
+        self.memory, self.exited, self.garbled = False, False, False
+
+    def add(self, chunk: bytes) -> None:
+        self.partial += chunk
+        *lines, rest = self.partial.split(b"\n")
+        self.partial = bytearray(rest)
+        for line in lines:
+            self._line(line)
+        if len(self.partial) > _REPORT_LINE_BYTES:
+            self.garbled = True
+            self.partial.clear()
+
+    def done(self) -> None:
+        if self.partial:
+            self._line(bytes(self.partial))
+            self.partial.clear()
+
+    def _line(self, raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace")
+        if not line:  # the sandbox starts each line with a newline, so that it stands alone whatever came before
+            return
+        if line.startswith("blocked ") and len(raw) <= _REPORT_LINE_BYTES:
+            self.blocked = self.blocked if self.blocked is not None else line[len("blocked "):]
+        elif line.startswith("setup ") and self.setup is None:
+            self.setup = line[len("setup "):]
+        elif line == "memory":
+            self.memory = True
+        elif line.startswith("exit ") and line[len("exit "):].lstrip("-").isdigit():
+            self.exited = True
+        else:
+            self.garbled = True
+
+
 def _communicate(proc: subprocess.Popen, data: bytes, report_fd: int, limits: Limits,
-                 deadline: float) -> tuple[_Head, _Tail, str, str | None]:
+                 deadline: float) -> tuple[_Head, _Tail, _Report, str | None]:
     """Feed stdin and drain stdout, stderr and the report pipe until they close, the output limit is passed or
-    the deadline comes, then wait (until the deadline) for the child to exit. Returns the kept stdout, stderr
-    and report, and why the child was killed ("timeout", "output") or None."""
+    the deadline comes, then wait (until the deadline) for the child to exit. Returns the kept stdout, stderr,
+    the report, and why the child was killed ("timeout", "output") or None."""
     cap = 4 * limits.output_chars
-    out, err, report = _Head(cap), _Tail(cap), _Head(4096)
+    out, err, report = _Head(cap), _Tail(cap), _Report()
     sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err, report_fd: report}
     sel = selectors.DefaultSelector()
     for fd in sinks:
@@ -294,7 +422,7 @@ def _communicate(proc: subprocess.Popen, data: bytes, report_fd: int, limits: Li
                     reading -= 1
                     continue
                 sinks[fd].add(chunk)
-                if fd != report_fd:
+                if fd != report_fd:  # the report is read line by line into a few flags: it can run on
                     total += len(chunk)
                     if total > _OUTPUT_KILL_BYTES:
                         killed = "output"
@@ -304,7 +432,8 @@ def _communicate(proc: subprocess.Popen, data: bytes, report_fd: int, limits: Li
     finally:
         sel.close()
     err.done()
-    return out, err, report.data.decode("utf-8", "replace"), killed
+    report.done()
+    return out, err, report, killed
 
 
 def _wait_exit(proc: subprocess.Popen, deadline: float) -> bool:
@@ -344,15 +473,13 @@ def _kill_and_reap(proc: subprocess.Popen) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _outcome(out: _Head, err: _Tail, report: str, killed: str | None, rc: int, cpu: float, seconds: float,
+def _outcome(out: _Head, err: _Tail, report: _Report, killed: str | None, rc: int, cpu: float, seconds: float,
              limits: Limits, layer: str) -> Execution:
-    """Classify a finished run (see Execution)."""
-    lines = report.splitlines()
-    blocked = next((line[len("blocked "):] for line in lines if line.startswith("blocked ")), None)
-    setup = next((line[len("setup "):] for line in lines if line.startswith("setup ")), None)
-    exits = [line[len("exit "):] for line in lines if line.startswith("exit ")]
-    if layer == "bwrap" and rc > 128 and not exits:
-        rc = -(rc - 128)  # bwrap reports a child killed by signal n as 128 + n
+    """Classify a finished run (see Execution). The exit status and the CPU time come from the kernel (wait4);
+    the report pipe can only add failures: the code can write to it, but never take back what the guard wrote
+    (a refusal that cannot be written ends the process), and anything but the sandbox's lines fails the run."""
+    if layer != "none" and rc > 128 and not report.exited:
+        rc = -(rc - 128)  # bwrap, and the namespaces' init, report a child killed by signal n as 128 + n
     stdout, stderr = _text(out, head=True), _text(err, head=False)
     sig = -rc if rc < 0 else None
 
@@ -363,14 +490,22 @@ def _outcome(out: _Head, err: _Tail, report: str, killed: str | None, rc: int, c
         return result("timeout", f"timed out after {limits.timeout_s:g} s")
     if killed == "output":
         return result("output", f"output limit exceeded: stopped after {_OUTPUT_KILL_BYTES} bytes")
-    if setup is not None:
-        return result("error", f"sandbox setup failed: {setup}")
+    if report.setup is not None:
+        return result("error", f"sandbox setup failed: {report.setup}")
+    if rc == _SETUP_FAILED and not report.exited and layer != "bwrap":
+        return result("error", "sandbox setup failed")
     if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu >= limits.cpu_s - 0.05):
         return result("timeout", f"CPU time limit of {limits.cpu_s} s exceeded")
-    if "memory" in lines:
+    if report.memory:
         return result("memory", f"memory limit of {limits.memory_mb} MB exceeded")
-    if blocked is not None:
-        return result("blocked", f"blocked: {blocked}")
+    if report.blocked is not None:
+        return result("blocked", f"blocked: {report.blocked}")
+    if rc == _CHANNEL_LOST and not report.exited:
+        return result("blocked", "blocked: an operation was refused and the report pipe was closed or replaced")
+    if rc == _CHANNEL_REPLACED and not report.exited:
+        return result("error", "sandbox: the code closed or replaced the report pipe")
+    if report.garbled:
+        return result("error", "sandbox: the report pipe carried something else than the sandbox's report")
     if sig is not None:
         try:
             name = signal.Signals(sig).name
