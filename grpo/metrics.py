@@ -15,15 +15,20 @@ from grpo.runlog import finite_or_none as _finite_or_none  # NaN is null in samp
 
 def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size: int, seconds: float,
                  rollout_seconds: float, lr: float) -> dict[str, float]:
-    """Figures of the whole step (every process), the update's averaged over the μ updates."""
+    """Figures of the whole step (every process), the update's averaged over the μ updates. A step that trained
+    on nothing (dynamic sampling at its round cap without an informative group; every process alike, as each
+    trains an equal share) has no reward, advantage, completion or update figures: its sampling/* ones say why."""
     rewards = exp.all_rewards
     lengths = dist.gather(exp.lengths.float().cpu())
-    m: dict[str, float] = {"reward/mean": _nanmean(rewards), "reward/std": _nanstd(rewards)}
-    for name, values in exp.per_fn.items():
-        m[f"reward/{name}"] = _nanmean(dist.gather(values))
-    # groups without a policy gradient: every advantage on their loss tokens is 0 (equal rewards, for outcome ones)
-    signal = (exp.advantages * exp.loss_mask).ne(0).any(dim=1).view(-1, group_size).any(dim=1)
-    m["adv/std_zero_frac"] = dist.gather((~signal).float().cpu()).mean().item()
+    m: dict[str, float] = {}
+    if len(exp):
+        m.update({"reward/mean": _nanmean(rewards), "reward/std": _nanstd(rewards)})
+        for name, values in exp.per_fn.items():
+            m[f"reward/{name}"] = _nanmean(dist.gather(values))
+        # groups without a policy gradient: every advantage on their loss tokens is 0 (equal rewards, for outcome
+        # ones)
+        signal = (exp.advantages * exp.loss_mask).ne(0).any(dim=1).view(-1, group_size).any(dim=1)
+        m["adv/std_zero_frac"] = dist.gather((~signal).float().cpu()).mean().item()
     if updates:  # none: a step with nothing to train on (dynamic sampling at its cap), which has no update figures
         u = update_figures(updates, dist)
         tokens = u.pop("tokens")  # none when every token of the step is masked out: the per-token figures are NaN
@@ -40,10 +45,11 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
             m[f"entropy/q{q}"] = u[f"entropy/q{q}"] / n if n else float("nan")
         m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
         m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
-    m["completion/mean_length"] = lengths.mean().item()  # episode tokens: in multi-turn ones, tool results too
-    if exp.episodes is not None:  # the model's own tokens, those the loss trains on
-        m["completion/mean_loss_tokens"] = dist.gather(exp.loss_mask.sum(1).float().cpu()).mean().item()
-    m["completion/truncated_frac"] = dist.gather(exp.truncated.float().cpu()).mean().item()
+    if len(exp):
+        m["completion/mean_length"] = lengths.mean().item()  # episode tokens: in multi-turn ones, tool results too
+        if exp.episodes is not None:  # the model's own tokens, those the loss trains on
+            m["completion/mean_loss_tokens"] = dist.gather(exp.loss_mask.sum(1).float().cpu()).mean().item()
+        m["completion/truncated_frac"] = dist.gather(exp.truncated.float().cpu()).mean().item()
     m["lr"] = lr
     m.update(exp.stats)
     if exp.episodes:

@@ -176,6 +176,9 @@ def test_a_dynamic_step_without_informative_groups_makes_no_update(tmp_path, ran
         in capsys.readouterr().out
     rows = [json.loads(x) for x in (tmp_path / "f" / "metrics.jsonl").read_text().splitlines()][1:]
     assert [r["sampling/groups_trained"] for r in rows] == [0, 0] and all("loss" not in r for r in rows)
+    # nothing trained: no reward or completion figures (not nulls); what was drawn is in sampling/*
+    assert not any(k.startswith(("reward/", "completion/", "adv/")) for r in rows for k in r)
+    assert [r["sampling/reward_mean"] for r in rows] == [1.0, 1.0]
     initial, _ = load_model(ModelConfig(path=str(random_model_dir)))
     final = load_file(tmp_path / "f" / "model" / "model.safetensors")
     assert all(torch.equal(final[k], v) for k, v in initial.state_dict().items() if k in final)  # not moved
