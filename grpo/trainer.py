@@ -43,7 +43,7 @@ from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
 from grpo.rewards import RewardFn, build_rewards, recorded_name, resolve_reward, reward_name
-from grpo.rundir import claim, clear, discard_unstarted
+from grpo.rundir import RunLock, claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sampling import Sampler
@@ -99,6 +99,31 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)
+    with _run_lock(out, dist):  # before anything in the directory is read or written: one run at a time
+        return _claimed(cfg, rewards, dist, out, started)
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path, dist: Dist):
+    """The main process (the one that writes) holds the lock of the run directory for the run's length
+    (grpo/rundir.py); if another live run holds it, every process refuses with the same line."""
+    lock, error = None, None
+    if dist.is_main:
+        try:
+            lock = RunLock(out)
+        except ConfigError as e:
+            error = str(e)
+    first = next((e for e in dist.gather_objects(error) if e), None)
+    if first:
+        raise ConfigError(first)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path, started: float) -> TrainResult:
     # before anything is built or written: a new run refuses a directory that holds one (grpo/rundir.py)
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
     replaced = claim(out, overwrite=cfg.train.overwrite, resuming=ckpt is not None,

@@ -2,13 +2,22 @@
 final save), and again and again in one run (at start-up after a resume, in a checkpoint's weights, while old
 checkpoints are deleted): `train.resume=auto` always reads what the killed runs left and ends in the state of a run
 that was never killed, bit for bit (metrics, samples, weights). Each killed run is a process of its own; the
-resume that finishes runs in this one."""
+resume that finishes runs in this one. And one run per directory: a second run into a live run's directory is
+refused; once that run is killed, the next one takes the directory over."""
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from test_resume import FAST, assert_same_run, rows
+import grpo.trainer as trainer
+from grpo.checkpoint import find_checkpoint
+from grpo.errors import ConfigError
+from grpo.rundir import LOCK_FILE
+from test_resume import FAST, assert_same_run, cfg_for, rows
 
 # The runner counts the steps the trainer has begun (its calls of `collect`) and SIGKILLs itself inside the named
 # phase of the given step, at the given call of that phase; a file write is killed half-way through its file.
@@ -169,3 +178,41 @@ def test_killed_again_and_again_it_resumes_to_the_same_end_state(straight, rando
     assert [r["step"] for r in rows(out)] == [0, 1, 2, 3, 4]
     assert ckpts() == ["step-00000003", "step-00000004"]  # the half-deleted one went with step 2's
     assert not list(out.rglob(".tmp-*")) and not list(out.rglob(".old-*"))  # nothing left behind
+
+
+def test_a_live_runs_directory_is_refused_and_a_killed_runs_is_taken_over(random_model_dir, tmp_path, grpo_cli):
+    out, err = tmp_path / "run", tmp_path / "first.err"
+    with err.open("w") as f:
+        first = subprocess.Popen([sys.executable, "-m", "grpo", *grpo_train(
+            random_model_dir, out, "train.steps=1000", "train.save_every=1", "eval.every=0")], stdout=f, stderr=f)
+    try:
+        deadline = time.monotonic() + 300
+        while not (out / "checkpoints" / "step-00000001" / "COMPLETE").exists():
+            assert first.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.2)
+        (out / "notes.txt").write_text("mine")
+        # a second run into it, new, replacing it or resuming it, from the CLI or the library, is refused at once
+        line = (f"grpo: error: train.output_dir='{out}' is in use by another run (pid {first.pid} on host "
+                f"{socket.gethostname()}, started ")
+        for how in ([], ["train.overwrite=true"], ["train.resume=auto"]):
+            second = grpo_cli(*grpo_train(random_model_dir, out, "train.steps=2", *how))
+            assert second.returncode == 2 and second.stderr.startswith(line), (how, second.stderr)
+            assert second.stderr.count("\n") == 1 and second.stdout == ""
+        with pytest.raises(ConfigError, match="is in use by another run"):
+            trainer.train(cfg_for(random_model_dir, out, "train.steps=2", "train.overwrite=true"))
+        # ... and touched nothing: the live run's files are there and it goes on
+        assert [r["step"] for r in rows(out)][:2] == [0, 1] and (out / "notes.txt").read_text() == "mine"
+        assert first.poll() is None
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    # killed, it left its lock file; the next run takes the directory over and continues the run
+    assert f'"pid": {first.pid}' in (out / LOCK_FILE).read_text()
+    step = int(find_checkpoint("auto", out).name[5:])
+    with pytest.warns(UserWarning, match=f"took over the lock of train.output_dir='{out}' from a run that ended "
+                                         f"without releasing it \\(pid {first.pid} on host "):
+        resumed = grpo_cli(*grpo_train(random_model_dir, out, f"train.steps={step + 1}", "train.save_every=1",
+                                       "eval.every=0", "train.resume=auto"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert rows(out)[-1]["step"] == step + 1 and (out / "model").is_dir()
+    assert LOCK_FILE not in os.listdir(out)  # removed as the run ended
