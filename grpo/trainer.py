@@ -151,10 +151,17 @@ def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path,
 
 def _train(cfg: Config, run: _Run, dist: Dist, out: Path, started: float, ckpt: Path | None) -> TrainResult:
     state = _restore(cfg, ckpt, run) if ckpt is not None else TrainState()
-    if dist.is_main:
-        (out / "config.yaml").write_text(run.config_yaml)
-    logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state.step if ckpt else None, enabled=dist.is_main,
-                       config=cfg.to_dict(), started=started)
+    error = None
+    try:  # only the main process writes: if it cannot (a full disk, a tracker that cannot start), none goes on
+        if dist.is_main:
+            (out / "config.yaml").write_text(run.config_yaml)
+        logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state.step if ckpt else None,
+                           enabled=dist.is_main, config=cfg.to_dict(), started=started)
+    except OSError as e:
+        error = _write_error(e, out)
+    except GRPOError as e:
+        error = e
+    _raise_on_every_process(dist, error)
     with logger:  # the trackers are closed however the run ends; a failed run is marked failed in them
         return _loop(cfg, run, dist, out, ckpt, state, logger)
 
@@ -169,6 +176,7 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
     if ckpt is None:
         result.initial_eval, seconds = _evaluate(cfg, run, dist, logger, 0)
         logger.log(0, {**result.initial_eval, **seconds})
+        _raise_on_every_process(dist, _log_failure(logger, out))
 
     with GracefulStop() as stop:
         for step in range(state.step + 1, cfg.train.steps + 1):
@@ -205,7 +213,7 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
             logger.log(step, metrics)
             logger.advance()
             result.steps_done = step
-            stopping = dist.any(stop.signal is not None)  # every process stops after the same step
+            stopping = _stop_after_step(dist, stop, _log_failure(logger, out))  # every process alike
             if stopping or (cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps)):
                 state.step, state.initial_eval, state.final_eval = step, result.initial_eval, result.final_eval
                 result.checkpoint = _save(cfg, run, dist, state)
@@ -213,16 +221,21 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
                 result.stopped_by = stop.signal or "SIGTERM"
                 break
 
+    error = None
     if result.stopped_by is None:
         weights = None if is_lora(run.policy) else full_model_state(run.policy)  # every process, under FSDP
-        error = None
         if dist.is_main:
             try:
                 save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora,
                            base_moved=is_lora(run.policy) and cfg.algo.ref_sync_every > 0)
             except WriteError as e:
                 error = f"{e}; {resume_hint(out, e)}"
-        _raise_on_every_process(dist, error)
+    if error is None and dist.is_main:  # the run log's last writes (the files' close, the chart)
+        try:
+            logger.close()
+        except OSError as e:
+            error = _write_error(e, out)
+    _raise_on_every_process(dist, error)
     return result
 
 
@@ -342,12 +355,32 @@ def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
     return path
 
 
-def _raise_on_every_process(dist: Dist, error: str | None) -> None:
-    """A sync point of all processes at which a write error of any one of them (the main process writes) is raised
-    by every one, so that none is left waiting for the others."""
+def _raise_on_every_process(dist: Dist, error: str | GRPOError | None) -> None:
+    """A sync point of all processes at which an error of any one of them (the main process writes) is raised by
+    every one, so that none is left waiting for the others: a message is raised as a WriteError, a GRPOError as
+    itself."""
     first = next((e for e in dist.gather_objects(error) if e), None)
     if first:
-        raise WriteError(first)
+        raise first if isinstance(first, GRPOError) else WriteError(first)
+
+
+def _stop_after_step(dist: Dist, stop: GracefulStop, log_failure: str | None) -> bool:
+    """Whether every process stops after this step (a signal reached any of them); a write of the run log that
+    failed on the main process is raised by every process."""
+    told = dist.gather_objects((stop.signal is not None, log_failure))  # one exchange for both
+    failed = next((e for _, e in told if e), None)
+    if failed:
+        raise WriteError(failed)
+    return any(signalled for signalled, _ in told)
+
+
+def _log_failure(logger: RunLogger, out: Path) -> str | None:
+    return _write_error(logger.failure, out) if logger.failure is not None else None
+
+
+def _write_error(e: OSError, out: Path) -> str:
+    """A failed write of the run's files as its one line: what, why, and where the run can continue from."""
+    return f"could not write {e.filename or f'into {out}'}: {e.strerror or e}; {resume_hint(out, e)}"
 
 
 def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) -> tuple[dict, dict]:
