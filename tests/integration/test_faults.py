@@ -10,11 +10,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 import grpo.trainer as trainer
 from grpo.checkpoint import find_checkpoint
+from grpo.cli import DEFAULT_JOB
+from grpo.config import load_config
 from grpo.errors import ConfigError
 from grpo.rundir import LOCK_FILE
 from test_resume import FAST, assert_same_run, cfg_for, rows
@@ -82,6 +85,15 @@ elif phase == "checkpoint_weights":  # a checkpoint's model.safetensors half-way
 elif phase == "resumed_start":  # a resumed run at start-up (step 0: before its first step), its logs cut back
     import grpo.runlog as runlog
     inject(runlog, "_truncate")
+elif phase == "vllm_sampling":  # the vLLM engine sampling the step's completions
+    from grpo.rollout.vllm_colocate import VLLMGenerator
+    inject(VLLMGenerator, "generate")
+elif phase == "vllm_sync":  # the step's new weights just loaded into the engine, not yet logged or saved
+    from grpo.rollout.vllm_colocate import VLLMGenerator
+    inject(VLLMGenerator, "sync_weights")
+elif phase == "tool_call":  # multi-turn episodes half-way: a turn's calculator calls run, the next turn not sampled
+    import grpo.envs.tools as tools
+    inject(tools, "call_tools")
 elif phase == "prune":  # deleting the checkpoints beyond train.keep_last: the oldest half-way (its weights gone)
     import grpo.checkpoint as checkpoint
     inject(checkpoint, "_prune",
@@ -108,8 +120,9 @@ CASES = [
 ]
 
 
-def grpo_train(model_dir, out, *extra):
-    return ["train", f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *RUN, *extra]
+def grpo_train(model_dir, out, *extra, job=None):
+    return ["train", *([job] if job else []), f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *RUN,
+            *extra]
 
 
 @pytest.fixture(scope="module")
@@ -121,17 +134,18 @@ def straight(random_model_dir, tmp_path_factory):
     return out
 
 
-def kill(tmp_path, model_dir, out, phase, step, call, *extra):
+def kill(tmp_path, model_dir, out, phase, step, call, *extra, job=None):
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
     killed = subprocess.run([sys.executable, str(script), phase, str(step), str(call),
-                             *grpo_train(model_dir, out, *extra)], capture_output=True, text=True, timeout=600)
+                             *grpo_train(model_dir, out, *extra, job=job)], capture_output=True, text=True,
+                            timeout=600)
     assert killed.returncode == -9, killed.stderr  # it died where it was meant to, not later
 
 
-def resume(grpo_cli, model_dir, out, *extra):
+def resume(grpo_cli, model_dir, out, *extra, job=None):
     """train.resume=auto to the end, in this process."""
-    resumed = grpo_cli(*grpo_train(model_dir, out, *extra, "train.resume=auto"))
+    resumed = grpo_cli(*grpo_train(model_dir, out, *extra, "train.resume=auto", job=job))
     assert resumed.returncode == 0, resumed.stderr
     assert "Traceback" not in resumed.stderr
 
@@ -216,3 +230,54 @@ def test_a_live_runs_directory_is_refused_and_a_killed_runs_is_taken_over(random
     assert resumed.returncode == 0, resumed.stderr
     assert rows(out)[-1]["step"] == step + 1 and (out / "model").is_dir()
     assert LOCK_FILE not in os.listdir(out)  # removed as the run ended
+
+
+# other backends: only the phases that are new with them are killed (the rest is the code the cases above kill),
+# in 2 steps, checkpointed after each, with one small evaluation before the first and after the last; the
+# uninterrupted run and the resumes run in this process
+SHORT = ["train.steps=2", "train.save_every=1", "eval.every=0", "eval.size=2", "eval.pass_k=0",
+         "algo.num_iterations=1"]
+# the bundled model, whose answers (in up to 32 tokens) are sometimes right: the weights move from the first step
+VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gib=0.25", "algo.dynamic_sampling=false", "rollout.max_new_tokens=32",
+        *SHORT]
+TOOLS = ["rollout.max_new_tokens=48", *SHORT]  # room for a call
+TOOL_JOB = str(Path(__file__).resolve().parents[2] / "grpo" / "configs" / "tiny_tools.yaml")
+
+
+def straight_here(tmp_path_factory, model, *extra, job=None):
+    """The uninterrupted run, as `grpo train` runs it, in this process."""
+    out = tmp_path_factory.mktemp("faults") / "straight"
+    _, *overrides = grpo_train(model, out, *extra, job=job)
+    trainer.train(load_config(job or DEFAULT_JOB, overrides[1:] if job else overrides))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+def test_a_vllm_run_killed_while_sampling_then_while_syncing_weights_resumes_to_the_same_end_state(
+        tmp_path, tmp_path_factory, grpo_cli):
+    pytest.importorskip("vllm", reason="the vLLM backend's tests need vLLM: pip install -e '.[vllm]'")
+    straight = straight_here(tmp_path_factory, "tiny", *VLLM)
+    out = tmp_path / "killed"
+    # a fresh run, killed while the engine samples step 2 (step 1 checkpointed)
+    kill(tmp_path, "tiny", out, "vllm_sampling", 2, 1, *VLLM)
+    assert [r["step"] for r in rows(out)] == [0, 1]
+    # resumed from step 1 (the engine takes the checkpoint's weights), killed once step 2's weights reached the
+    # engine
+    kill(tmp_path, "tiny", out, "vllm_sync", 1, 1, *VLLM, "train.resume=auto")
+    assert [r["step"] for r in rows(out)] == [0, 1]
+    resume(grpo_cli, "tiny", out, *VLLM)
+    assert_same_run(straight, out)
+    assert rows(straight)[2]["kl"] > 0 and all(r["mismatch/abs_diff_max"] < 1e-3 for r in rows(out)[1:])
+
+
+@pytest.mark.slow
+def test_a_tool_run_killed_between_the_turns_of_its_episodes_resumes_to_the_same_end_state(tmp_path,
+                                                                                           tmp_path_factory, grpo_cli):
+    straight = straight_here(tmp_path_factory, "tiny-tools", *TOOLS, job=TOOL_JOB)
+    out = tmp_path / "killed"
+    kill(tmp_path, "tiny-tools", out, "tool_call", 2, 1, *TOOLS, job=TOOL_JOB)  # step 1 checkpointed
+    assert [r["step"] for r in rows(out)] == [0, 1]
+    resume(grpo_cli, "tiny-tools", out, *TOOLS, job=TOOL_JOB)
+    assert_same_run(straight, out)
+    assert rows(out)[2]["episode/tool_calls"] > 0  # the step killed had calls, and ran them again alike
