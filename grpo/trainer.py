@@ -124,6 +124,7 @@ def _run_lock(out: Path, dist: Dist):
 
 
 def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path, started: float) -> TrainResult:
+    """The run, in the directory this process group holds."""
     # before anything is built or written: a new run refuses a directory that holds one (grpo/rundir.py)
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
     replaced = claim(out, overwrite=cfg.train.overwrite, resuming=ckpt is not None,

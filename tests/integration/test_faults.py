@@ -212,6 +212,10 @@ def test_a_live_runs_directory_is_refused_and_a_killed_runs_is_taken_over(random
             second = grpo_cli(*grpo_train(random_model_dir, out, "train.steps=2", *how))
             assert second.returncode == 2 and second.stderr.startswith(line), (how, second.stderr)
             assert second.stderr.count("\n") == 1 and second.stdout == ""
+        third = subprocess.run([sys.executable, "-m", "grpo", *grpo_train(random_model_dir, out,
+                                                                          "train.overwrite=true")],
+                               capture_output=True, text=True, timeout=300)  # a process of its own too
+        assert third.returncode == 2 and third.stderr.startswith(line) and third.stderr.count("\n") == 1, third.stderr
         with pytest.raises(ConfigError, match="is in use by another run"):
             trainer.train(cfg_for(random_model_dir, out, "train.steps=2", "train.overwrite=true"))
         # ... and touched nothing: the live run's files are there and it goes on
