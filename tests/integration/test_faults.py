@@ -3,9 +3,8 @@ final save), and again and again in one run (at start-up after a resume, in a ch
 checkpoints are deleted), and in the phases new with a vLLM engine (its sampling, its weight sync) and with tools
 (between the turns of multi-turn episodes): `train.resume=auto` always reads what the killed runs left and ends in
 the state of a run that was never killed, bit for bit (metrics, samples, weights). Each killed run is a process of
-its own; the
-resume that finishes runs in this one. And one run per directory: a second run into a live run's directory is
-refused; once that run is killed, the next one takes the directory over."""
+its own; the resume that finishes runs in this one. And one run per directory: a second run into a live run's
+directory is refused; once that run is killed, the next one takes the directory over."""
 import os
 import signal
 import socket
