@@ -28,13 +28,18 @@ class RunLogger:
         after it are dropped, so the files read as if the run had never stopped. `enabled=False` (processes
         other than the main one) writes nothing. `config`: the resolved config the trackers record.
         `started`: the run's `time.perf_counter()` start, from which `perf/elapsed_seconds` counts (added to
-        the seconds of the run before a resume)."""
+        the seconds of the run before a resume).
+
+        A write of a step's metrics or samples that fails (a full disk) is not raised here: it is kept in `failure`
+        and nothing more is written, so that the process reaches the trainer's next point of agreement with the
+        others and every process stops there with it (the other processes write nothing and would wait)."""
         from tqdm.auto import tqdm
 
         self.out_dir = out_dir
         self.cfg = cfg
         self.enabled = enabled
         self.history: list[dict] = []
+        self.failure: OSError | None = None
         self._started = time.perf_counter() if started is None else started
         if not enabled:
             return
@@ -66,14 +71,18 @@ class RunLogger:
                 self.write(t.where)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled:
+        if not self.enabled or self.failure:
             return
         row = {"step": step, **{k: finite_or_none(_plain(v)) for k, v in metrics.items()}}
         row["perf/elapsed_seconds"] = self._elapsed_before + time.perf_counter() - self._started
-        _append(self._metrics, json.dumps(row, allow_nan=False) + "\n")  # strict JSON: NaN and inf are null
-        for t in self._trackers:
-            if step > self._skip.get(t.name, -1):
-                t.log(step, row)
+        try:
+            _append(self._metrics, json.dumps(row, allow_nan=False) + "\n")  # strict JSON: NaN and inf are null
+            for t in self._trackers:
+                if step > self._skip.get(t.name, -1):
+                    t.log(step, row)
+        except OSError as e:
+            self.failure = e
+            return
         self.history.append(row)
         self._last.update({k: v for k, v in row.items() if k in BAR_FIELDS and v is not None})
         self.bar.set_postfix({BAR_FIELDS[k]: f"{v:.3g}" for k, v in self._last.items()}, refresh=False)
@@ -87,14 +96,17 @@ class RunLogger:
             self.bar.write(message)
 
     def samples(self, step: int, rows: list[dict]) -> None:
-        if not self.enabled:
+        if not self.enabled or self.failure:
             return
         lines = ({"step": step, **{k: finite_or_none(v) for k, v in r.items()}} for r in rows)
-        # tool arguments may be any literal (repr); a NaN reward or advantage is null
-        _append(self._samples, "".join(json.dumps(x, default=repr, allow_nan=False) + "\n" for x in lines))
-        for t in self._trackers:
-            if step > self._skip.get(t.name, -1):
-                t.samples(step, rows)
+        try:
+            # tool arguments may be any literal (repr); a NaN reward or advantage is null
+            _append(self._samples, "".join(json.dumps(x, default=repr, allow_nan=False) + "\n" for x in lines))
+            for t in self._trackers:
+                if step > self._skip.get(t.name, -1):
+                    t.samples(step, rows)
+        except OSError as e:
+            self.failure = e
 
     def __enter__(self) -> RunLogger:
         return self

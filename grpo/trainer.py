@@ -43,7 +43,7 @@ from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
 from grpo.rewards import RewardFn, build_rewards, recorded_name, resolve_reward, reward_name
-from grpo.rundir import claim, clear, discard_unstarted
+from grpo.rundir import RunLock, claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling
 from grpo.sampling import Sampler
@@ -99,6 +99,32 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)
+    with _run_lock(out, dist):  # before anything in the directory is read or written: one run at a time
+        return _claimed(cfg, rewards, dist, out, started)
+
+
+@contextlib.contextmanager
+def _run_lock(out: Path, dist: Dist):
+    """The main process (the one that writes) holds the lock of the run directory for the run's length
+    (grpo/rundir.py); if another live run holds it, every process refuses with the same line."""
+    lock, error = None, None
+    if dist.is_main:
+        try:
+            lock = RunLock(out)
+        except ConfigError as e:
+            error = str(e)
+    first = next((e for e in dist.gather_objects(error) if e), None)
+    if first:
+        raise ConfigError(first)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path, started: float) -> TrainResult:
+    """The run, in the directory this process group holds."""
     # before anything is built or written: a new run refuses a directory that holds one (grpo/rundir.py)
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
     replaced = claim(out, overwrite=cfg.train.overwrite, resuming=ckpt is not None,
@@ -126,10 +152,17 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
 
 def _train(cfg: Config, run: _Run, dist: Dist, out: Path, started: float, ckpt: Path | None) -> TrainResult:
     state = _restore(cfg, ckpt, run) if ckpt is not None else TrainState()
-    if dist.is_main:
-        (out / "config.yaml").write_text(run.config_yaml)
-    logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state.step if ckpt else None, enabled=dist.is_main,
-                       config=cfg.to_dict(), started=started)
+    error = None
+    try:  # only the main process writes: if it cannot (a full disk, a tracker that cannot start), none goes on
+        if dist.is_main:
+            (out / "config.yaml").write_text(run.config_yaml)
+        logger = RunLogger(out, cfg.log, cfg.train.steps, resume_step=state.step if ckpt else None,
+                           enabled=dist.is_main, config=cfg.to_dict(), started=started)
+    except OSError as e:
+        error = _write_error(e, out)
+    except GRPOError as e:
+        error = e
+    _raise_on_every_process(dist, error)
     with logger:  # the trackers are closed however the run ends; a failed run is marked failed in them
         return _loop(cfg, run, dist, out, ckpt, state, logger)
 
@@ -144,6 +177,7 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
     if ckpt is None:
         result.initial_eval, seconds = _evaluate(cfg, run, dist, logger, 0)
         logger.log(0, {**result.initial_eval, **seconds})
+        _raise_on_every_process(dist, _log_failure(logger, out))
 
     with GracefulStop() as stop:
         for step in range(state.step + 1, cfg.train.steps + 1):
@@ -180,7 +214,7 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
             logger.log(step, metrics)
             logger.advance()
             result.steps_done = step
-            stopping = dist.any(stop.signal is not None)  # every process stops after the same step
+            stopping = _stop_after_step(dist, stop, _log_failure(logger, out))  # every process alike
             if stopping or (cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps)):
                 state.step, state.initial_eval, state.final_eval = step, result.initial_eval, result.final_eval
                 result.checkpoint = _save(cfg, run, dist, state)
@@ -188,16 +222,21 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
                 result.stopped_by = stop.signal or "SIGTERM"
                 break
 
+    error = None
     if result.stopped_by is None:
         weights = None if is_lora(run.policy) else full_model_state(run.policy)  # every process, under FSDP
-        error = None
         if dist.is_main:
             try:
                 save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora,
                            base_moved=is_lora(run.policy) and cfg.algo.ref_sync_every > 0)
             except WriteError as e:
                 error = f"{e}; {resume_hint(out, e)}"
-        _raise_on_every_process(dist, error)
+    if error is None and dist.is_main:  # the run log's last writes (the files' close, the chart)
+        try:
+            logger.close()
+        except OSError as e:
+            error = _write_error(e, out)
+    _raise_on_every_process(dist, error)
     return result
 
 
@@ -317,12 +356,32 @@ def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
     return path
 
 
-def _raise_on_every_process(dist: Dist, error: str | None) -> None:
-    """A sync point of all processes at which a write error of any one of them (the main process writes) is raised
-    by every one, so that none is left waiting for the others."""
+def _raise_on_every_process(dist: Dist, error: str | GRPOError | None) -> None:
+    """A sync point of all processes at which an error of any one of them (the main process writes) is raised by
+    every one, so that none is left waiting for the others: a message is raised as a WriteError, a GRPOError as
+    itself."""
     first = next((e for e in dist.gather_objects(error) if e), None)
     if first:
-        raise WriteError(first)
+        raise first if isinstance(first, GRPOError) else WriteError(first)
+
+
+def _stop_after_step(dist: Dist, stop: GracefulStop, log_failure: str | None) -> bool:
+    """Whether every process stops after this step (a signal reached any of them); a write of the run log that
+    failed on the main process is raised by every process."""
+    told = dist.gather_objects((stop.signal is not None, log_failure))  # one exchange for both
+    failed = next((e for _, e in told if e), None)
+    if failed:
+        raise WriteError(failed)
+    return any(signalled for signalled, _ in told)
+
+
+def _log_failure(logger: RunLogger, out: Path) -> str | None:
+    return _write_error(logger.failure, out) if logger.failure is not None else None
+
+
+def _write_error(e: OSError, out: Path) -> str:
+    """A failed write of the run's files as its one line: what, why, and where the run can continue from."""
+    return f"could not write {e.filename or f'into {out}'}: {e.strerror or e}; {resume_hint(out, e)}"
 
 
 def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) -> tuple[dict, dict]:

@@ -1,6 +1,9 @@
-"""Data-parallel training with torchrun (gloo on CPU): one step on 2 processes equals one step on 1."""
+"""Data-parallel training with torchrun (gloo on CPU): one step on 2 processes equals one step on 1, on one launcher
+or on two (two "machines" on 127.0.0.1); a directory another run holds, and a write the main process cannot make,
+stop every process with one line."""
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+
+from grpo.rundir import LOCK_FILE, RunLock
 
 FAST = ["rollout.group_size=4", "train.prompts_per_step=4", "rollout.max_new_tokens=5", "eval.size=8",
         "eval.pass_k=2", "log.progress=false", "log.trackers=[]", "log.chart=false", "train.lr=1e-3",
@@ -139,3 +144,64 @@ def test_the_library_under_torchrun_is_one_run_on_every_process(tmp_path, random
     assert r.stdout.count("steps done: 1") == 2  # both processes return the run's result
     assert r.stdout.count("held-out accuracy") == 2, r.stdout  # the main process alone reports (steps 0 and 1)
     assert_same(one_step, out)
+
+
+@pytest.mark.distributed
+def test_two_launchers_as_two_machines_equal_one_process(tmp_path, random_model_dir, one_step):
+    # torchrun --nnodes=2 twice on this machine (one process each), as on two machines (docs/distributed.md)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "two"
+    launchers = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={n}",
+                                   "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}",
+                                   "-m", "grpo", "train", f"model.path={random_model_dir}", f"train.output_dir={out}",
+                                   *FAST, "train.steps=1", "eval.every=1", FULL],
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+                 for n in (0, 1)]
+    for n, launcher in enumerate(launchers):
+        output = launcher.communicate(timeout=600)[0]
+        assert launcher.returncode == 0, (n, output[-3000:])
+    assert_same(one_step, out)
+
+
+@pytest.mark.distributed
+def test_a_directory_another_run_holds_is_refused_by_every_process(tmp_path, random_model_dir):
+    out = tmp_path / "two"
+    with RunLock(out):  # another run (this process) holds it
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                            "-m", "grpo", "train", f"model.path={random_model_dir}", f"train.output_dir={out}",
+                            *FAST, "train.steps=1"], capture_output=True, text=True, timeout=300, env=ENV)
+        assert os.listdir(out) == [LOCK_FILE]  # nothing was written
+    assert r.returncode != 0  # and no process waited for the others: rank 0 told rank 1
+    assert r.stderr.count(f"grpo: error: train.output_dir='{out}' is in use by another run (pid {os.getpid()} "
+                          ) == 2, r.stderr[-3000:]
+
+
+# the main process (rank 0) finds the disk full when it writes the metrics of step 1
+LOG_FULL = r"""
+import errno, os, sys
+import grpo.runlog as runlog
+real = runlog._append
+def full(f, text):
+    if os.environ["RANK"] == "0" and f.name.endswith("metrics.jsonl") and text.startswith('{"step": 1,'):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f.name)
+    return real(f, text)
+runlog._append = full
+from grpo.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.distributed
+def test_a_run_log_the_main_process_cannot_write_stops_every_process(tmp_path, random_model_dir):
+    script, out = tmp_path / "full.py", tmp_path / "two"
+    script.write_text(LOG_FULL)
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(script), "train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST,
+                        "train.steps=3", "eval.every=0"], capture_output=True, text=True, timeout=300, env=ENV)
+    assert r.returncode != 0  # and it did not hang: rank 1 was told instead of waiting for rank 0
+    line = (f"grpo: error: could not write {out / 'metrics.jsonl'}: No space left on device; no checkpoint was "
+            "complete yet: make room and run again with train.resume=auto, which starts the run over\n")
+    assert r.stderr.count(line) == 2 and "trainer.py" not in r.stderr, r.stderr[-3000:]  # no worker's traceback
+    assert os.listdir(out) == []  # failed before its first step was logged: nothing left, its lock file neither

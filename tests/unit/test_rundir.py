@@ -1,12 +1,17 @@
-"""The run directory: a new run refuses one that holds a run, replaces it only when told, never touches other
-files, and an unwritable directory is one clear error."""
+"""The run directory: one run at a time holds it (a lock a killed run leaves is taken over), a new run refuses one
+that holds a run, replaces it only when told, never touches other files, and an unwritable directory is one clear
+error."""
 import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from grpo.errors import ConfigError
-from grpo.rundir import claim, clear, discard_unstarted, replace_dir, run_files
+from grpo.rundir import LOCK_FILE, RunLock, claim, clear, discard_unstarted, replace_dir, run_files
 
 
 def old_run(out):
@@ -115,3 +120,58 @@ def test_replace_dir_puts_back_a_model_moved_aside_by_a_killed_save(tmp_path):
     with pytest.raises(RuntimeError), replace_dir(tmp_path / "model"):
         raise RuntimeError("the next save fails too")
     assert (tmp_path / "model" / "w").read_text() == "old" and sorted(os.listdir(tmp_path)) == ["model"]
+
+
+# a process that takes the lock of a directory and forks a child (as a run's helpers may), both then waiting
+HOLDER = """
+import os, sys, time
+from grpo.rundir import RunLock
+lock = RunLock(sys.argv[1])
+child = os.fork()
+if child == 0:
+    time.sleep(120)
+    os._exit(0)
+print(child, flush=True)
+time.sleep(120)
+"""
+
+
+def test_one_run_per_directory_and_a_killed_runs_lock_is_taken_over(tmp_path):
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True)
+    child = int(holder.stdout.readline())
+    try:
+        assert sorted(os.listdir(out)) == [LOCK_FILE]
+        # while it lives, the directory is refused, naming it
+        with pytest.raises(ConfigError) as e:
+            RunLock(out)
+        assert str(e.value).startswith(f"train.output_dir='{out}' is in use by another run (pid {holder.pid} on host "
+                                       f"{socket.gethostname()}, started 20")
+        assert str(e.value).endswith("UTC); wait for it to end or stop it, or choose another train.output_dir")
+        # killed (-9), it cannot release the lock; its forked child, still running, does not hold it
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+        os.kill(child, 0)  # alive
+        with pytest.warns(UserWarning, match=f"took over the lock of train.output_dir='{out}' from a run that ended "
+                                             f"without releasing it \\(pid {holder.pid} on host "):
+            lock = RunLock(out)
+        assert f'"pid": {os.getpid()}' in (out / LOCK_FILE).read_text()
+        with pytest.raises(ConfigError, match=f"in use by another run \\(pid {os.getpid()} "):
+            RunLock(out)  # a second run in this process (the Python API) is refused too
+        lock.release()
+        assert os.listdir(out) == []  # a run that ends removes its lock file
+        RunLock(out).release()
+    finally:
+        os.kill(child, signal.SIGKILL)
+        holder.kill()
+
+
+def test_the_lock_refuses_a_file_and_an_unwritable_directory(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="is a file, not a directory"):
+        RunLock(tmp_path / "f")
+    where = Path("/sys/grpo-run") if os.geteuid() == 0 else tmp_path / "ro"
+    if os.geteuid() != 0:
+        where.mkdir(mode=0o500)
+    with pytest.raises(ConfigError, match=f"train.output_dir='{where}' cannot be written: "):
+        RunLock(where)
