@@ -1,7 +1,7 @@
 """The shipped coding job (`grpo train smollm2_code`) from one command, shortened and on the bundled tiny model
 instead of SmolLM2 (whose run is in docs/smollm2.md#code): the `code` reward scores every completion in the
 sandbox, and the config's `sandbox.*` limits reach every one of its executions: in training, in the pre-flight
-call, in the evaluations during training and in `grpo eval`."""
+call, in the evaluations during training and in `grpo eval`; and those of the `python` tool of a tool job."""
 import json
 
 import pytest
@@ -60,3 +60,26 @@ def test_grpo_eval_runs_the_code_reward_under_the_config_limits(executions, grpo
     assert json.loads(r.stdout)["examples"] == 3
     assert len(executions) == 3
     assert_config_limits(executions)
+
+
+def test_the_python_tool_of_a_config_runs_under_its_sandbox_limits(monkeypatch):
+    """The other user of the sandbox: the tool job with `python` added, built as training builds it."""
+    import grpo.sandbox
+    from grpo.cli import CONFIG_DIR
+    from grpo.config import load_config
+    from grpo.envs import build_environment
+    from grpo.models import load_model
+
+    seen = []
+    real = grpo.sandbox.run_python
+
+    def recording(program, *, stdin="", limits):
+        seen.append(limits)
+        return real(program, stdin=stdin, limits=limits)
+
+    monkeypatch.setattr(grpo.sandbox, "run_python", recording)
+    cfg = load_config(CONFIG_DIR / "tiny_tools.yaml", ["tools.names=[calculator,python]", *LIMITS])
+    model, tokenizer = load_model(cfg.model)
+    environment = build_environment(model, tokenizer, cfg)
+    assert environment.tools["python"].fn(code="print(6 * 7)") == "42"
+    assert [(x.timeout_s, x.cpu_s, x.memory_mb, x.file_mb, x.output_chars) for x in seen] == [(3.5, 3, 384, 2, 500)]
