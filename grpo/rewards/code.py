@@ -233,7 +233,7 @@ _OPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.Lt
 
 @dataclass(frozen=True)
 class _Check:
-    """One condition, decided here: ("cmp", op, left, right), ("isclose", probe, expected, rel, abs),
+    """One condition, decided here: ("cmp", op, left, right), ("isclose", probe, expected, keywords),
     ("truthy", probe), ("not", check), ("and", checks) or ("or", checks)."""
     kind: str
     args: tuple
@@ -353,8 +353,8 @@ class _Parser:
         kwargs = []
         for kw in node.keywords:
             ok, value = _expected(kw.value)
-            if kw.arg not in ("rel_tol", "abs_tol") or not ok or type(value) not in (int, float):
-                raise _Refused(f"{ast.unparse(node)!r}: isclose takes literal rel_tol and abs_tol only")
+            if kw.arg not in ("rel_tol", "abs_tol") or not ok or type(value) not in (int, float) or not value >= 0:
+                raise _Refused(f"{ast.unparse(node)!r}: isclose takes literal rel_tol and abs_tol (>= 0) only")
             kwargs.append((kw.arg, value))
         literal = a if a_ok and not b_ok else b if b_ok else None
         if not (a_ok or b_ok) or type(literal) not in (int, float):

@@ -290,6 +290,8 @@ def test_values_compare_as_python_does(solution, tests, expected):
     ("ok = f(1) == 2\nassert ok", "would be decided in the sandbox"),
     ("assert f(1) is 2", "'is' compares only with None, True or False"),
     ("assert math.isclose(f(1), g(1))", "one side of isclose must be a literal number"),
+    ("assert math.isclose(f(1), 2.0, rel_tol=-1)", "isclose takes literal rel_tol and abs_tol (>= 0) only"),
+    ("assert math.isclose(f(1), 2.0, tol=tol)", "isclose takes literal rel_tol and abs_tol (>= 0) only"),
     ("f(1)", "no top-level assert"),
     ("assert f(1) ==", "not valid Python"),
 ])
