@@ -164,6 +164,7 @@ def _load(cfg):
 def _eval(cfg, args) -> int:
     from grpo.evaluation import evaluate
     from grpo.rewards import resolve_reward
+    from grpo.sandbox import Limits
 
     generator, environment, task = _load(cfg)
     examples = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
@@ -171,7 +172,8 @@ def _eval(cfg, args) -> int:
         raise GRPOError("no held-out examples to evaluate on: set data.eval_path, data.eval_split or "
                         "data.eval_fraction")
     with contextlib.closing(generator):
-        metrics = evaluate(environment, generator, examples, resolve_reward(cfg.eval.reward, field="eval.reward"),
+        correct = resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox))
+        metrics = evaluate(environment, generator, examples, correct,
                            max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                            temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
     print(json.dumps({"model": cfg.model.path, "task": getattr(task, "name", cfg.data.task),

@@ -114,11 +114,13 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["arithmetic", "linear", "mixed", "products", "stories"] = opt(
+    task: Literal["arithmetic", "linear", "mixed", "products", "stories", "functions"] = opt(
         "mixed", "Built-in task: 'arithmetic' (Calculate 2 + 2 * 6 =), 'linear' (Solve y = 2x + 1 for x = 2, y =), "
-                 "'mixed' (both), 'products' (Calculate 347 * 2918, the tool task of docs/tools.md) or 'stories' "
+                 "'mixed' (both), 'products' (Calculate 347 * 2918, the tool task of docs/tools.md), 'stories' "
                  "(Mia has 7 apples. She buys 5 more. How many apples does Mia have now?, one-step word problems "
-                 "for a real model, docs/smollm2.md). Ignored when data.path is set.")
+                 "for a real model, docs/smollm2.md) or 'functions' (Write a Python function `add_7(x)` that "
+                 "returns x plus 7., with tests for the code reward, docs/smollm2.md). Ignored when data.path is "
+                 "set.")
     path: str = opt("", "A data set instead of a built-in task: a local .jsonl/.json/.parquet/.csv file or a "
                         "directory of them, or a Hugging Face Hub dataset name.")
     prompt_column: str = opt("question", "Column holding the prompt text.")

@@ -312,7 +312,8 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     stream = PromptStream(fit(task.train, what="training"), cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
-                resolve_reward(cfg.eval.reward, field="eval.reward"), to_yaml(cfg), reference_sync)
+                resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox)),
+                to_yaml(cfg), reference_sync)
 
 
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:

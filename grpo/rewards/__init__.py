@@ -131,10 +131,7 @@ def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int |
     of max_new_tokens when 0). `code` runs under `sandbox_limits` (`grpo.sandbox.Limits`; None: the defaults)."""
     out = []
     for name in names:
-        fn = resolve_reward(name)
-        if name == "code" and sandbox_limits is not None:
-            from grpo.rewards.code import make_code_reward
-            fn = make_code_reward(sandbox_limits)
+        fn = resolve_reward(name, sandbox_limits=sandbox_limits)
         if name == "overlong" and tokenizer is not None and max_new_tokens:
             from grpo.rewards.math_answers import make_overlong_penalty
             buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (grpo.validate)
@@ -147,8 +144,13 @@ def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int |
     return out
 
 
-def resolve_reward(name: str, *, field: str = "rewards") -> RewardFn:
-    """A built-in reward by name, or `module:function` imported; errors name the config field."""
+def resolve_reward(name: str, *, field: str = "rewards", sandbox_limits=None) -> RewardFn:
+    """A built-in reward by name, or `module:function` imported; errors name the config field. `code` runs its
+    executions under `sandbox_limits` (`grpo.sandbox.Limits`, e.g. from the config's `sandbox.*`; None: the
+    defaults)."""
+    if name == "code" and sandbox_limits is not None:
+        from grpo.rewards.code import make_code_reward
+        return make_code_reward(sandbox_limits)
     if name in REWARDS:
         return REWARDS[name]
     if ":" not in name:

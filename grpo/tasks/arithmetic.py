@@ -23,6 +23,7 @@ import random
 from dataclasses import dataclass
 
 from grpo.tasks.base import Example, in_held_out
+from grpo.tasks.functions import function_examples
 from grpo.tasks.stories import story_examples
 
 HELD_OUT_FRACTION = 0.2
@@ -113,7 +114,7 @@ def _split(examples: list[Example]) -> tuple[list[Example], list[Example]]:
     return train, held
 
 
-BUILTIN_TASKS = ("arithmetic", "linear", "mixed", "products", "stories")
+BUILTIN_TASKS = ("arithmetic", "linear", "mixed", "products", "stories", "functions")
 
 
 def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
@@ -123,7 +124,7 @@ def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
         raise ValueError(f"unknown built-in task {name!r}; choose one of {', '.join(BUILTIN_TASKS)}")
     parts = {"arithmetic": [arithmetic_examples], "linear": [linear_examples],
              "mixed": [arithmetic_examples, linear_examples], "products": [product_examples],
-             "stories": [story_examples]}[name]
+             "stories": [story_examples], "functions": [function_examples]}[name]
     parts = [make() for make in parts]
     train, held = [], []
     for examples in parts:
