@@ -33,18 +33,28 @@ def _same(a: list[dict], b: list[dict]) -> None:
             assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (x["step"], k, x[k], y[k])
 
 
-def test_default_job_with_vllm_learns(tmp_path):
-    # the default job shortened (25 steps, 400 held-out examples); docs/vllm.md has the full job with the grpo
-    # preset alone
-    result = train(load_config("grpo/configs/tiny.yaml", [f"train.output_dir={tmp_path}", "train.steps=25",
-                                                          "eval.size=400", "eval.every=0", "eval.pass_k=0", *QUIET]))
+# the default job shortened (20 steps, 200 held-out examples, one thread): in this process, once for the module;
+# docs/vllm.md has the full job with the grpo preset alone. The two-process test compares its run with this one.
+ONE_PROCESS = ["grpo/configs/tiny.yaml", "train.steps=20", "eval.size=200", "eval.every=0", "eval.pass_k=0",
+               "compute.threads=1", *QUIET]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one-process")
+    result = train(load_config(ONE_PROCESS[0], [*ONE_PROCESS[1:], f"train.output_dir={out}"]))
+    return result, out
+
+
+def test_default_job_with_vllm_learns(one_process_run):
+    result, out = one_process_run
     before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
-    rows = _rows(tmp_path)
+    rows = _rows(out)
     assert sum(r["sampling/reward_mean"] for r in rows[-10:]) > sum(r["sampling/reward_mean"] for r in rows[1:11])
     assert after >= before + 0.10, (before, after)
     # the sampler's log-probs came with every step and agree with the trainer's to float32 rounding
     assert all(0 <= r["mismatch/abs_diff_max"] < 1e-3 and r["mismatch/capped"] == 0 for r in rows[1:])
-    assert (tmp_path / "model" / "model.safetensors").exists()
+    assert (out / "model" / "model.safetensors").exists()
 
 
 @pytest.mark.slow
@@ -62,18 +72,17 @@ def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_two_processes_with_an_engine_each_learn_rerun_identically_and_equal_one(tmp_path):
+def test_two_processes_with_an_engine_each_learn_rerun_identically_and_equal_one(tmp_path, one_process_run):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = ["grpo/configs/tiny.yaml", "train.steps=20", "eval.size=200", "eval.every=0", "eval.pass_k=0",
-            "compute.threads=1", *QUIET]
     rows = []
-    for run, n in (("a", 2), ("b", 2), ("one", 1)):
+    for run in ("a", "b"):
         out = tmp_path / run
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
-        r = subprocess.run([sys.executable, *launcher, "-m", "grpo", "train", *args, f"train.output_dir={out}"],
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        r = subprocess.run([sys.executable, *launcher, "-m", "grpo", "train", *ONE_PROCESS, f"train.output_dir={out}"],
                            capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
         assert r.returncode == 0, r.stderr[-3000:]
         rows.append(_rows(out))
+    rows.append(_rows(one_process_run[1]))  # the same job in one process (this module's run)
     _same(rows[0], rows[1])
     # every prompt keeps its seed whichever engine samples it, and on this CPU the engine's rows do not depend
     # on the rest of their batch: one process gives the same run (not promised on every machine, docs/vllm.md)
