@@ -113,3 +113,33 @@ def grpo_cli(capsys, monkeypatch):
 
     yield run
     transformers.utils.logging.set_verbosity(verbosity)
+
+
+@pytest.fixture(scope="session")
+def finished_run(tmp_path_factory):
+    """`finished_run(name, config, *overrides)`: the output directory of `grpo train config overrides...`, trained
+    once for the whole suite and then only read, whichever test files ask for it. Under pytest-xdist the first
+    worker to ask trains it in its process; another that asks meanwhile waits on a lock, then reads it."""
+    import fcntl
+
+    from grpo.config import load_config
+    from grpo.trainer import train
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "finished-runs"  # this session's
+    root.mkdir(exist_ok=True)
+    made: dict[str, tuple] = {}
+
+    def run(name: str, config: str, *overrides: str):
+        out = root / name
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            done = root / f"{name}.done"
+            if not done.exists():
+                train(load_config(config, [*overrides, f"train.output_dir={out}"]))
+                done.write_text(repr(overrides))
+        assert made.setdefault(name, (config, overrides)) == (config, overrides), f"two runs named {name}"
+        assert done.read_text() == repr(overrides), f"two runs named {name}"
+        return out
+
+    return run

@@ -24,11 +24,23 @@ def short(steps, eval_size):
     return [o.replace("STEPS", str(steps)).replace("EVAL", str(eval_size)) for o in SHORT]
 
 
-@pytest.mark.slow  # 20-40 steps of a bundled model: about a minute on 2 cores
-def test_short_run_raises_held_out_accuracy(tmp_path):
-    result = train(load_config("grpo/configs/tiny.yaml", [f"train.output_dir={tmp_path}", *short(40, 400)]))
+# the default job shortened to 20 steps and 200 held-out examples on one thread: run once for this module, in this
+# process; the two-process test compares its torchrun run with this one
+ONE_PROCESS = ["grpo/configs/tiny.yaml", *short(20, 200), "compute.threads=1"]
+
+
+@pytest.fixture(scope="module")
+def one_process_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("one-process")
+    result = train(load_config(ONE_PROCESS[0], [*ONE_PROCESS[1:], f"train.output_dir={out}"]))
+    return result, out
+
+
+@pytest.mark.slow  # 20 steps of a bundled model: about a minute on 2 cores
+def test_short_run_raises_held_out_accuracy(one_process_run):
+    result, out = one_process_run
     before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = rows[1:11], rows[-10:]
     # the policy's reward rises: of every completion drawn (the default job samples dynamically, and the groups it
     # trains on are the informative ones, whose reward stays nearer the middle)
@@ -49,17 +61,13 @@ def test_process_reward_raises_held_out_accuracy(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_two_processes_learn_as_one(tmp_path):
+def test_two_processes_learn_as_one(tmp_path, one_process_run):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    common = ["grpo/configs/tiny.yaml", *short(20, 200), "compute.threads=1"]
-    out = {}
-    for n in (1, 2):
-        out[n] = tmp_path / f"p{n}"
-        launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}"] if n > 1 else []
-        r = subprocess.run([sys.executable, *launcher, "-m", "grpo", "train", *common,
-                            f"train.output_dir={out[n]}"], capture_output=True, text=True, env=env, timeout=900,
-                           cwd=Path(__file__).resolve().parents[2])
-        assert r.returncode == 0, r.stderr[-2000:]
+    out = {1: one_process_run[1], 2: tmp_path / "p2"}  # one process: this module's run
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        "-m", "grpo", "train", *ONE_PROCESS, f"train.output_dir={out[2]}"], capture_output=True,
+                       text=True, env=env, timeout=900, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr[-2000:]
     rows = {n: [json.loads(x) for x in (out[n] / "metrics.jsonl").read_text().splitlines()] for n in out}
     acc = {n: (rows[n][0]["eval/accuracy"], rows[n][-1]["eval/accuracy"]) for n in rows}
     assert acc[1][1] > acc[1][0] and acc[2][1] > acc[2][0]        # both learn

@@ -55,11 +55,16 @@ def test_converted_once_and_a_real_model(cache):
 
 
 def test_two_steps_eval_and_exact_resume(cache, tmp_path):
-    train(load_config(None, [*SMALL, "train.steps=2", f"train.output_dir={tmp_path / 'whole'}"]))
-    train(load_config(None, [*SMALL, "train.steps=1", "train.save_every=1", f"train.output_dir={tmp_path / 'split'}"]))
-    result = train(load_config(None, [*SMALL, "train.steps=2", "train.resume=auto",
+    # two steps with a checkpoint after each (both kept); then a copy of the run without its last checkpoint and its
+    # model, as a run killed after step 1's checkpoint leaves it, resumed to the end
+    import shutil
+    train(load_config(None, [*SMALL, "train.steps=2", "train.save_every=1", f"train.output_dir={tmp_path / 'whole'}"]))
+    shutil.copytree(tmp_path / "whole", tmp_path / "split")
+    shutil.rmtree(tmp_path / "split" / "checkpoints" / "step-00000002")
+    shutil.rmtree(tmp_path / "split" / "model")
+    result = train(load_config(None, [*SMALL, "train.steps=2", "train.save_every=1", "train.resume=auto",
                                       f"train.output_dir={tmp_path / 'split'}"]))
-    assert result.resumed_from is not None
+    assert result.resumed_from is not None and result.resumed_from.name == "step-00000001"
     rows = [[{k: v for k, v in json.loads(x).items() if not k.startswith("perf/")}
              for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("whole", "split")]
     assert rows[0] == rows[1] and "eval/accuracy" in rows[0][-1]
@@ -81,7 +86,8 @@ def test_lora_with_bf16_autocast_trains_and_decodes_from_merged_weights(cache, t
 
     out = tmp_path / "lora"
     result = train(load_config(None, [*SMALL, "data.task=stories", "lora.rank=8", "train.lr=1e-3",
-                                      "model.autocast_bf16=true", "train.steps=1", f"train.output_dir={out}"]))
+                                      "model.autocast_bf16=true", "train.steps=1", "eval.size=2",
+                                      "rollout.max_new_tokens=8", f"train.output_dir={out}"]))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     # a step whose 8 completions all happen to have even lengths has no policy gradient (and KL none at step 1)
     assert any(r["grad_norm"] > 0 for r in rows if "loss" in r) and "eval/accuracy" in rows[-1]

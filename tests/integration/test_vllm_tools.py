@@ -23,14 +23,14 @@ VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gib=0.25"]
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    """The tiny-tools model after 15 steps of the tool job (hf), which then calls its calculator greedily, and a
-    vLLM engine holding it."""
+def setup(finished_run):
+    """The tiny-tools model after test_tools_train's 20 steps of the tool job (hf, trained once for the suite), which
+    then calls its calculator greedily, and a vLLM engine holding it."""
     from grpo.rollout.vllm_colocate import VLLMGenerator
 
-    out = tmp_path_factory.mktemp("trained")
-    train(load_config(JOB, [f"train.output_dir={out}", "train.steps=15", "eval.every=0", "eval.size=8",
-                            "eval.pass_k=0", "log.progress=false", "log.trackers=[]", "log.chart=false"]))
+    from test_tools_train import LEARNS
+
+    out = finished_run("tools-20", *LEARNS)
     cfg = load_config(JOB, [*VLLM, f"model.path={out / 'model'}"])
     model, tok = load_model(cfg.model)
     engine = VLLMGenerator(model, tok, vllm_cfg=cfg.vllm, seed=0, add_special_tokens=False)
