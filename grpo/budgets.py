@@ -11,7 +11,7 @@ def model_context(model, cfg) -> int:
     the vLLM engine is told so (vllm.max_model_len)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     positions = int(getattr(base.config, "max_position_embeddings", 0) or 32768)
-    if cfg.rollout.backend == "vllm" and cfg.vllm.max_model_len:
+    if cfg.rollout.backend in ("vllm", "vllm_server") and cfg.vllm.max_model_len:
         positions = min(positions, cfg.vllm.max_model_len)
     return positions
 

@@ -1,5 +1,6 @@
-"""`grpo train|eval|sample [CONFIG] [dotted.key=value ...]`: parse, load the config, call the library;
-`grpo report RUN_DIR [RUN_DIR ...]`: compare runs (grpo/report.py).
+"""`grpo train|eval|sample|serve [CONFIG] [dotted.key=value ...]`: parse, load the config, call the library;
+`grpo report RUN_DIR [RUN_DIR ...]`: compare runs (grpo/report.py). `grpo serve` starts the vLLM server that a
+run with rollout.backend=vllm_server and vllm_server.urls samples on (grpo/rollout/vllm_server.py).
 
 CONFIG is a YAML path or the name of a shipped config (`grpo/configs/`, e.g. `presets/dapo`); without one, the
 default job (`grpo/configs/tiny.yaml`, which adds dynamic sampling to the library's defaults). Errors in a
@@ -59,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few held-out prompts")
     s.add_argument("-n", type=int, default=4, help="completions per prompt (default 4)")
+    v = sub.add_parser("serve", help="start a vLLM server of model.path for rollout.backend=vllm_server (it prints "
+                                     "the URL to give the trainer as vllm_server.urls)", epilog=epilog,
+                       formatter_class=fmt)
+    v.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
     r = sub.add_parser("report", help="compare runs: one PNG and one self-contained HTML page",
                        description="Draw training reward, held-out accuracy and pass@k, KL, completion length, clip "
                                    "fraction, entropy and seconds per step of each run against steps and wall "
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args)
         path, overrides = _split_args(args.args)
         cfg = load_config(path, overrides)
-        return {"train": _train, "eval": _eval, "sample": _sample}[args.command](cfg, args)
+        return {"train": _train, "eval": _eval, "sample": _sample, "serve": _serve}[args.command](cfg, args)
     except GRPOError as e:
         print(f"grpo: error: {e}", file=sys.stderr)
         return 2
@@ -136,6 +141,41 @@ def _train(cfg, args) -> int:
         return 128 + {"SIGINT": 2, "SIGTERM": 15}[result.stopped_by]
     print("\n".join(summary_lines(result.history, result.output_dir)))
     return 0
+
+
+def _serve(cfg, args) -> int:
+    """Replace this process with `vllm serve` of model.path, with the flags grpo's trainer needs (the vllm.* and
+    vllm_server.* sections: host, port (0: 8000), cache); the URL is printed first."""
+    import importlib.util
+    import os
+
+    from grpo.models import resolve_model_path
+    from grpo.rollout.vllm_server import API_KEY_ENV, LOOPBACK, serve_command
+
+    if importlib.util.find_spec("vllm") is None:
+        from grpo.rollout.vllm_common import INSTALL
+        raise GRPOError(f"grpo serve needs vLLM, which is not installed; install it with {INSTALL}")
+    host, port = cfg.vllm_server.host, cfg.vllm_server.port or 8000
+    if host not in LOOPBACK and not os.environ.get(API_KEY_ENV):
+        raise GRPOError(f"vllm_server.host={host} is not a loopback address: set {API_KEY_ENV} in the environment "
+                        "(the key the server then requires), and read docs/vllm.md on what its weight endpoints "
+                        "allow anyone who reaches them")
+    model_dir = Path(resolve_model_path(cfg.model.path))
+    if not (model_dir / "config.json").is_file():
+        raise GRPOError(f"model.path={cfg.model.path}: {model_dir} has no config.json; grpo serve serves a "
+                        "transformers model directory (a LoRA run serves its base model, model.path)")
+    longest = cfg.vllm.max_model_len or int(json.loads((model_dir / "config.json").read_text())
+                                            .get("max_position_embeddings") or 32768)
+    cuda = any(os.path.exists(f"/dev/nvidia{i}") for i in range(8))
+    cmd, env = serve_command(str(model_dir), vllm_cfg=cfg.vllm, host=host, port=port, dtype=cfg.model.dtype,
+                             seed=cfg.train.seed, max_model_len=longest, device="cuda" if cuda else "cpu")
+    bracket = f"[{host}]" if ":" in host else host
+    print(f"grpo serve: vLLM serves {cfg.model.path} at http://{bracket}:{port}; train on it with "
+          f"rollout.backend=vllm_server vllm_server.urls=[http://{bracket}:{port}] (Ctrl-C stops it)",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execve(cmd[0], cmd, {**os.environ, **env})
+    return 0  # not reached
 
 
 def _report(args) -> int:

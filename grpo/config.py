@@ -153,7 +153,8 @@ class RolloutConfig:
                              "from the model being trained (transformers' model, grpo's lean decoding loop); "
                              "'vllm' samples with a vLLM engine in each training process, sharing its device, its "
                              "weights replaced after every training step (pip install -e '.[vllm]'; the vllm.* "
-                             "section).", names="rollout backends")
+                             "section); 'vllm_server' samples on vLLM servers, launched for the run or running "
+                             "already (the vllm_server.* section, docs/vllm.md).", names="rollout backends")
     environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS "
                                           "({names}): 'single_turn' samples one completion per episode; 'tools' "
                                           "runs multi-turn episodes in which the model calls tools (the tools.* "
@@ -318,6 +319,28 @@ class VLLMConfig:
 
 
 @dataclass
+class VLLMServerConfig:
+    urls: list[str] = opt([], "With rollout.backend=vllm_server: base URLs of running vLLM servers to sample on "
+                              "(started with `grpo serve`, e.g. http://127.0.0.1:8000); prompts spread over them and "
+                              "every process of the run shares them. Empty: launch servers (launch).", resume="free")
+    launch: int = opt(1, "With rollout.backend=vllm_server and no urls: `vllm serve` processes to start on this "
+                         "machine for the run (on GPUs: one device each, after the trainer's), stopped when it ends; "
+                         "their logs are <output_dir>/vllm-server-<i>.log. The vllm.* section sizes them.", ge=1,
+                      resume="free")
+    host: str = opt("127.0.0.1", "The address launched servers listen on; any other than loopback needs "
+                                 "VLLM_API_KEY in the environment (docs/vllm.md says what the servers' weight "
+                                 "endpoints allow anyone who reaches them).", resume="free")
+    port: int = opt(0, "The first launched server's port (the next ones count up); 0 picks free ports.", ge=0,
+                    le=65535, resume="free")
+    weights_dir: str = opt("", "Where the trainer writes the policy's weights for the servers after every step; "
+                               "the servers read it by the same path. Empty: a fresh directory in /dev/shm (or the "
+                               "temporary directory), which servers on this machine read.", resume="free")
+    timeout_s: float = opt(600.0, "Longest a server may take to answer (a batch of rollouts, a weight update) "
+                                  "before the run stops with an error instead of hanging.", gt=0, resume="free")
+    startup_timeout_s: float = opt(900.0, "Longest launched servers may take to start.", gt=0, resume="free")
+
+
+@dataclass
 class ToolsConfig:
     names: list[str] = opt(["calculator"], "With rollout.environment=tools: the tools the model may call, built-in "
                                            "({names}) or 'module:function' (a typed function with a docstring that "
@@ -387,6 +410,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     compute: ComputeConfig = field(default_factory=ComputeConfig)
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
+    vllm_server: VLLMServerConfig = field(default_factory=VLLMServerConfig)
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)

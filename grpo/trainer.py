@@ -296,7 +296,8 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     reference_sync = ReferenceSync(policy, reference_copy, optimizer, every=a.ref_sync_every,
                                    alpha=a.ref_sync_alpha, lora=is_lora(policy))
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
-    generator = build_generator(policy, tokenizer, cfg, all_finished=all_finished, world_size=dist.world_size)
+    generator = build_generator(policy, tokenizer, cfg, all_finished=all_finished, world_size=dist.world_size,
+                                run_dir=Path(cfg.train.output_dir))
     sampler = Sampler(environment, generator, rollout_sampling(cfg.rollout, cfg.rollout.group_size), cfg.train.seed)
     collector = Collector(sampler, reward_fns, cfg.reward_weights, tokenizer, cfg.train.prompts_per_step,
                           AdvantageSpec.from_algo(a))

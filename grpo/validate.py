@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import urllib.parse
 import warnings
 
 from grpo.config import LOAD_CHECKS, Config, explicit_keys
@@ -122,6 +123,21 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.backend == "vllm" and importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_engine import INSTALL
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed; install it with {INSTALL}")
+    if cfg.rollout.backend == "vllm_server":
+        for url in cfg.vllm_server.urls:
+            parsed = urllib.parse.urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
+                raise ConfigError(f"vllm_server.urls: {url!r} is not a server's base URL; give scheme, host and "
+                                  "port, e.g. http://127.0.0.1:8000 (grpo serve prints it)")
+        if not cfg.vllm_server.urls and importlib.util.find_spec("vllm") is None:
+            from grpo.rollout.vllm_common import INSTALL
+            raise ConfigError("rollout.backend=vllm_server with no vllm_server.urls launches vLLM servers here, and "
+                              f"vLLM is not installed; install it with {INSTALL}, or give vllm_server.urls")
+        if (not cfg.vllm_server.urls and cfg.vllm_server.host not in ("127.0.0.1", "localhost", "::1")
+                and not os.environ.get("VLLM_API_KEY")):
+            raise ConfigError(f"vllm_server.host={cfg.vllm_server.host} is not a loopback address: set VLLM_API_KEY "
+                              "in the environment (the key the servers then require), and read docs/vllm.md on "
+                              "what their weight endpoints allow anyone who reaches them")
     if cfg.algo.ref_sync_every and not cfg.algo.beta:
         raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
                           "loads none: set algo.beta > 0 or algo.ref_sync_every=0")

@@ -36,6 +36,16 @@ def pytest_configure(config):
         pytest.importorskip = strict_importorskip(pytest.importorskip, set(required))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files with the most slow tests first, the rest in their order: pytest-xdist (`make test`, a file to each
+    worker as it frees up) then starts the long end-to-end files early and ends on the short ones, so that no
+    worker is left alone with a long file at the end."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.path] = slow.get(item.path, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.path])  # stable: within a file and among equals, the order stays
+
+
 def pytest_unconfigure(config):
     if _REAL_IMPORTORSKIP in config.stash:
         pytest.importorskip = config.stash[_REAL_IMPORTORSKIP]

@@ -8,27 +8,34 @@ from grpo.rollout.base import EVAL, SAMPLE, TRAIN, Generator, Rollout, Sampling,
 from grpo.rollout.hf import HFGenerator, sample_next
 
 
-def _hf(model, tokenizer, cfg, all_finished, world_size) -> Generator:
+def _hf(model, tokenizer, cfg, all_finished, world_size, run_dir) -> Generator:
     return HFGenerator(model, tokenizer, all_finished=all_finished, add_special_tokens=not cfg.model.chat_template,
                        autocast_bf16=cfg.model.autocast_bf16, lean=cfg.rollout.lean_decoding)
 
 
-def _vllm(model, tokenizer, cfg, all_finished, world_size) -> Generator:
+def _vllm(model, tokenizer, cfg, all_finished, world_size, run_dir) -> Generator:
     from grpo.rollout.vllm_colocate import VLLMGenerator
     return VLLMGenerator(model, tokenizer, vllm_cfg=cfg.vllm, dtype=cfg.model.dtype, seed=cfg.train.seed,
                          add_special_tokens=not cfg.model.chat_template, distributed=world_size > 1)
 
 
-# name -> builder(model, tokenizer, cfg, all_finished, world_size); a new backend adds one entry here
-BACKENDS: dict[str, Callable[..., Generator]] = {"hf": _hf, "vllm": _vllm}
+def _vllm_server(model, tokenizer, cfg, all_finished, world_size, run_dir) -> Generator:
+    from grpo.rollout.vllm_server import VLLMServerGenerator
+    return VLLMServerGenerator(model, tokenizer, cfg=cfg, add_special_tokens=not cfg.model.chat_template,
+                               run_dir=run_dir)
+
+
+# name -> builder(model, tokenizer, cfg, all_finished, world_size, run_dir); a new backend adds one entry here
+BACKENDS: dict[str, Callable[..., Generator]] = {"hf": _hf, "vllm": _vllm, "vllm_server": _vllm_server}
 
 
 def build_generator(model, tokenizer, cfg, *, all_finished: Callable[[bool], bool] | None = None,
-                    world_size: int = 1) -> Generator:
+                    world_size: int = 1, run_dir=None) -> Generator:
     """The generator `cfg.rollout.backend` names (`cfg`: a whole `grpo.config.Config`), sampling from `model`.
     `all_finished(done)`: True only when every process's batch is done, for backends whose decoding steps are
-    collective (the in-process generator under FSDP). `world_size`: processes torchrun started."""
-    return BACKENDS[cfg.rollout.backend](model, tokenizer, cfg, all_finished, world_size)
+    collective (the in-process generator under FSDP). `world_size`: processes torchrun started. `run_dir`: the
+    run's output directory, for what a backend writes there (launched servers' logs); None outside a run."""
+    return BACKENDS[cfg.rollout.backend](model, tokenizer, cfg, all_finished, world_size, run_dir)
 
 
 __all__ = ["BACKENDS", "EVAL", "SAMPLE", "TRAIN", "Generator", "HFGenerator", "Rollout", "Sampling",

@@ -32,7 +32,7 @@ import torch
 from grpo.errors import DataError
 from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_tokens
 from grpo.rollout.vllm_common import (EngineError, engine_weights, first_line, import_vllm, max_positions,
-                                      rows_from_outputs, sampling_params, write_start)
+                                      refresh_cpu_heads, rows_from_outputs, sampling_params, write_start)
 
 
 class _Worker:
@@ -226,20 +226,6 @@ def _disarm(llm) -> None:
 
 
 def _refresh_cpu_heads(llm) -> None:
-    """vLLM 0.32 on the CPU keeps a prepacked copy of the (tied) embedding matrix for the LM head that its
-    in-place reload does not renew; rebuild it from the reloaded weight. Nothing to do on a GPU."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    def refresh(model):
-        for module in model.modules():
-            w = getattr(module, "weight", None)
-            if hasattr(module, "cpu_linear") and isinstance(w, torch.Tensor) and w.ndim == 2 and w.numel():
-                dispatch_cpu_unquantized_gemm(module, remove_weight=False)
-
-    llm.apply_model(refresh)
-
-
+    """vLLM 0.32 on the CPU keeps prepacked weights its in-place reload does not renew (vllm_common's
+    `refresh_cpu_heads`); rebuild them in the engine's model. Nothing to do on a GPU."""
+    llm.apply_model(refresh_cpu_heads)

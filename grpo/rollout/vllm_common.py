@@ -8,7 +8,8 @@
   engine starts from;
 - `sampling_params`: a `Sampling` and each prompt's seed and token limit as vLLM's `SamplingParams` (the engine's
   log-probs of the sampled tokens after temperature, `processed_logprobs`, for the mismatch correction, SPEC 13.1);
-- `rows_from_outputs`: vLLM's `RequestOutput`s as a `Rollout`, as the in-process generator would have made it.
+- `rows_from_outputs`: vLLM's `RequestOutput`s as a `Rollout`, as the in-process generator would have made it;
+- `refresh_cpu_heads`: what an in-place weight reload leaves stale on the CPU, renewed.
 """
 from __future__ import annotations
 
@@ -144,6 +145,22 @@ def rows_from_outputs(outs, ids: list[list[int]], n: int, *, with_logp: bool, to
                    completion_mask.to(device), trunc.to(device), texts,
                    sampler_logp=None if sampler_logp is None else sampler_logp.to(device),
                    version=torch.full((len(rows),), version, dtype=torch.long, device=device))
+
+
+def refresh_cpu_heads(model) -> None:
+    """vLLM 0.32 on the CPU keeps a prepacked copy of the (tied) embedding matrix for the LM head that its
+    in-place reload (`reload_weights`) does not renew; rebuild every prepacked linear weight of the engine's
+    `model` from the reloaded one. Nothing to do on a GPU."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    for module in model.modules():
+        w = getattr(module, "weight", None)
+        if hasattr(module, "cpu_linear") and isinstance(w, torch.Tensor) and w.ndim == 2 and w.numel():
+            dispatch_cpu_unquantized_gemm(module, remove_weight=False)
 
 
 def max_positions(model) -> int:

@@ -14,7 +14,7 @@ from grpo.trainer import train
 pytestmark = pytest.mark.slow
 NAME = "smollm2-135m-instruct"
 SMALL = [f"model.path={NAME}", "model.chat_template=true", "data.task=arithmetic", "train.prompts_per_step=2",
-         "rollout.group_size=4", "rollout.max_new_tokens=12", "eval.size=4", "eval.pass_k=0", "eval.every=1",
+         "rollout.group_size=4", "rollout.max_new_tokens=10", "eval.size=2", "eval.pass_k=0", "eval.every=1",
          "rewards=[tests.integration.rewards:odd_length]",
          "log.progress=false", "log.trackers=[]", "log.chart=false", "log.samples_every=1", "train.lr=1e-5"]
 

@@ -307,7 +307,7 @@ def test_help_and_docs_list_the_names_registered(monkeypatch, capsys):
     text = capsys.readouterr().out
     docs = runpy.run_path(str(CONFIG_DIR.parents[1] / "scripts" / "gen_config_docs.py"))["render"]()
     for shown in (text, docs):
-        assert "a name in grpo.rollout.BACKENDS ('hf', 'vllm', 'my_engine')" in shown
+        assert "a name in grpo.rollout.BACKENDS ('hf', 'vllm', 'vllm_server', 'my_engine')" in shown
         assert "('single_turn', 'tools', 'my_env')" in shown
         assert "('qwen', 'pythonic', 'my_format'; register_parser adds one)" in shown
         assert "built-in ('calculator', 'python', 'my_tool')" in shown

@@ -56,7 +56,8 @@ def test_every_listed_key_exists_and_is_named_in_the_error():
 
 # the rule as key patterns, before each option declared its class: the declarations give the same keys
 PATTERNS = {"free": ("train.steps", "train.save_every", "train.keep_last", "train.resume", "train.overwrite",
-                     "train.output_dir", "train.max_nonfinite_steps", "eval.every", "log.", "vllm.timeout_s"),
+                     "train.output_dir", "train.max_nonfinite_steps", "eval.every", "log.", "vllm.timeout_s",
+                     "vllm_server."),  # added since: where the servers are (they sample the same rows)
             "rounding": ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads",
                          "compute.sharding", "model.gradient_checkpointing", "vllm.gpu_memory_utilization",
                          "vllm.kv_cache_gib")}

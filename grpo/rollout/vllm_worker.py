@@ -1,0 +1,28 @@
+"""What grpo adds to each worker of a vLLM server it samples from (`rollout.backend=vllm_server`): vLLM mixes this
+class into its worker when the server starts with `--worker-extension-cls grpo.rollout.vllm_worker.WorkerExtension`
+(`grpo serve` and the servers grpo launches do), and the trainer calls its methods through the server's
+`/collective_rpc` endpoint (dev mode, `VLLM_SERVER_DEV_MODE=1`), whose arguments are strings.
+
+This module runs inside vLLM's worker process: it imports vLLM's and torch's modules only, and
+`grpo.rollout.vllm_common` for what the colocated engine does the same way."""
+from __future__ import annotations
+
+VERSION = "1"  # what `grpo_hello` answers: the calls below and their arguments, as this grpo makes them
+
+
+class WorkerExtension:
+    """Methods of a vLLM worker (`self` is vLLM's `Worker`)."""
+
+    def grpo_hello(self) -> str:
+        """Proof that the server runs grpo's extension, and which version of its calls."""
+        return VERSION
+
+    def grpo_load_weights(self, path: str) -> str:
+        """Replace the model's weights in place with the safetensors files in the directory `path` (the policy's
+        weights under the names of its transformers checkpoint, written by the trainer), and renew what the
+        reload leaves stale on a CPU."""
+        from grpo.rollout.vllm_common import refresh_cpu_heads
+
+        self.reload_weights(weights_path=path, is_checkpoint_format=True)
+        refresh_cpu_heads(self.model_runner.get_model())
+        return "loaded"
