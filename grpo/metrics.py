@@ -14,7 +14,7 @@ from grpo.runlog import finite_or_none as _finite_or_none  # NaN is null in samp
 # a step's figures
 
 def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size: int, seconds: float,
-                 rollout_seconds: float, lr: float) -> dict[str, float]:
+                 rollout_seconds: float, lr: float, sync_seconds: float = 0.0) -> dict[str, float]:
     """Figures of the whole step (every process), the update's averaged over the μ updates. A step that trained
     on nothing (dynamic sampling at its round cap without an informative group; every process alike, as each
     trains an equal share) has no reward, advantage, completion or update figures: its sampling/* ones say why."""
@@ -55,7 +55,8 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     if exp.episodes:
         m.update(episode_metrics(exp.episodes, dist))
     m["perf/step_seconds"] = seconds
-    m["perf/rollout_seconds"] = rollout_seconds
+    m["perf/rollout_seconds"] = rollout_seconds  # collecting: sampling, rewards, advantages
+    m["perf/sync_seconds"] = sync_seconds  # the generator taking the new weights (0 for hf, which samples the policy)
     m["perf/completion_tokens"] = lengths.sum().item()  # episode tokens, as completion/mean_length
     m["perf/tokens_per_s"] = lengths.sum().item() / max(seconds, 1e-9)
     return m

@@ -198,10 +198,12 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
                 run.scheduler.step()
             reset = run.reference_sync(step)  # algo.ref_sync_every: the reference takes the policy's weights
             # 8. the generator samples from the new weights from now on
+            synced = time.perf_counter()
             run.generator.sync_weights(run.policy)
             # 9. log, evaluate, checkpoint
-            metrics = step_metrics(exp, updates, dist, group_size=cfg.rollout.group_size,
-                                   seconds=time.perf_counter() - start, rollout_seconds=rollout_seconds,
+            done = time.perf_counter()
+            metrics = step_metrics(exp, updates, dist, group_size=cfg.rollout.group_size, seconds=done - start,
+                                   rollout_seconds=rollout_seconds, sync_seconds=done - synced,
                                    lr=run.scheduler.get_last_lr()[0])
             metrics.update(reset)
             _check_finite(cfg, state, updates, metrics, step, logger, result)

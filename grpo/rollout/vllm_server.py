@@ -79,7 +79,7 @@ def serve_command(model_dir: str, *, vllm_cfg, host: str, port: int, dtype: str 
            "--disable-uvicorn-access-log"]
     if vllm_cfg.enforce_eager:
         cmd.append("--enforce-eager")
-    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
     if device == "cuda":
         cmd += ["--gpu-memory-utilization", str(vllm_cfg.gpu_memory_utilization)]
     else:
@@ -120,6 +120,7 @@ class Launched:
         with open(log, "ab") as f:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, env=full,
                                          start_new_session=True, preexec_fn=_die_with_parent)
+            f.write(f"# pid {self.proc.pid} (its process group: the server and its engine)\n".encode())
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -178,7 +179,7 @@ class Client:
                               f"{first_line(Exception(str(detail)))}") from None
         except (urllib.error.URLError, OSError) as e:
             reason = getattr(e, "reason", e)
-            if self.launched is not None and not self.launched.alive():
+            if self.launched is not None and _exited(self.launched.proc):
                 raise EngineError(f"the vLLM server at {self.url} died (exit status {self.launched.proc.returncode}) "
                                   f"before it could {what}: {log_error(self.launched.log)}") from None
             if isinstance(reason, TimeoutError) or "timed out" in str(reason):
@@ -223,7 +224,7 @@ def launch_servers(count: int, model_dir: Path, *, vllm_cfg, server_cfg, log_dir
             launched.append(Launched(cmd, env, url, log, str(first_device + i) if device == "cuda" else None))
         deadline = time.monotonic() + server_cfg.startup_timeout_s
         for s in launched:
-            wait_healthy(s, deadline, server_cfg.startup_timeout_s)
+            wait_healthy(s, model_dir, deadline, server_cfg.startup_timeout_s)
     except BaseException:
         for s in launched:
             s.stop(grace=5.0)
@@ -231,17 +232,19 @@ def launch_servers(count: int, model_dir: Path, *, vllm_cfg, server_cfg, log_dir
     return launched
 
 
-def wait_healthy(server: Launched, deadline: float, budget: float) -> None:
-    """Until `server` answers /health with 200, it exits (its error from the log), or the deadline passes."""
+def wait_healthy(server: Launched, model_dir: Path, deadline: float, budget: float) -> None:
+    """Until `server` answers /models with `model_dir` (not another server on its port), it exits (its error from
+    the log), or the deadline passes."""
     while True:
         if not server.alive():
             raise EngineError(f"the vLLM server at {server.url} did not start (exit status {server.proc.returncode}): "
                               f"{log_error(server.log)} (its log: {server.log})")
         try:
-            with urllib.request.urlopen(server.url + "/health", timeout=5) as r:
-                if r.status == 200:
+            with urllib.request.urlopen(server.url + "/v1/models", timeout=5) as r:
+                models = json.loads(r.read()).get("data") or [{}]
+                if r.status == 200 and models[0].get("root") == str(model_dir):
                     return
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, ValueError):
             pass
         if time.monotonic() > deadline:
             raise EngineError(f"the vLLM server at {server.url} did not start within vllm_server.startup_timeout_s="
@@ -272,6 +275,7 @@ class VLLMServerGenerator:
             self.clients = [Client(u, self.cfg.timeout_s, self.api_key, self._launched_at(u)) for u in urls]
             self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="grpo-vllm-server")
             self.max_model_len = self._check_servers(model)
+            self._check_shape(model)
             self.sync_weights(model, 0)
             self._probe(model)
         except BaseException:
@@ -360,17 +364,38 @@ class VLLMServerGenerator:
                                   f"({hello}); start it with this environment's grpo serve")
         return min(lengths)
 
+    def _check_shape(self, model) -> None:
+        """Before any weight is sent: each server's model has the trainer's shape (a reload of weights of another
+        shape fails half-way and leaves the server unusable)."""
+        from grpo.rollout.vllm_common import base_config
+        from grpo.rollout.vllm_worker import SHAPE
+
+        config = base_config(model)
+        text = getattr(config, "get_text_config", lambda: config)()
+        ours = {k: getattr(text, k, getattr(config, k, None)) for k in SHAPE}
+        for c in self.clients:
+            theirs = (c.call("POST", "/collective_rpc", {"method": "grpo_describe"},
+                             what="describe its model") or {}).get("results", [None])[0] or {}
+            differ = [f"{k} {theirs.get(k)!r} there, {ours[k]!r} here" for k in SHAPE
+                      if _plain(theirs.get(k)) != _plain(ours[k])]
+            if differ:
+                raise EngineError(f"the vLLM server at {c.url} serves another model than model.path: "
+                                  + "; ".join(differ[:3]))
+
     def _probe(self, model) -> None:
         """After the first weight push: a server's log-probs of a probe sequence are the trainer's, or it serves
         another model than model.path."""
         from grpo.policy import LogprobModule
+        from grpo.policy.context import is_sharded
+        from grpo.policy.forward import forward_path
 
         ids = [t % len(self.tokenizer) for t in encode_prompts(
             self.tokenizer, ["The quick brown fox jumps over the lazy dog. 12 + 30 = 42"], False)[0]][:48]
         ids = ids if len(ids) >= 4 else (ids * 4)[:4]
         prompt, rest = torch.tensor([ids[:2]]), torch.tensor([ids[2:]])
         with torch.no_grad():
-            ours = LogprobModule(model)(prompt.to(self.device), torch.ones_like(prompt).to(self.device),
+            # FSDP2 shards: the model's own forward, whose hooks gather them (every process runs the probe)
+            ours = LogprobModule(model, forward_path(model, sharded=is_sharded(model)))(prompt.to(self.device), torch.ones_like(prompt).to(self.device),
                                         rest.to(self.device), torch.ones_like(rest).to(self.device),
                                         temperature=1.0, chunk_size=64).float().cpu()[0]
         for c in self.clients:
@@ -494,6 +519,21 @@ class VLLMServerGenerator:
         for d in self._tmp:
             d.cleanup()
         self._tmp = []
+
+
+def _exited(proc: subprocess.Popen, wait: float = 5.0) -> bool:
+    """Whether a launched server's process has ended, waiting a little: a server killed mid-request closes its
+    connections a moment before the kernel reports its exit."""
+    try:
+        proc.wait(wait)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _plain(value):
+    """A config value as JSON carries it (tuples as lists)."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _logprob_of(entry, token: int):

@@ -7,7 +7,11 @@ This module runs inside vLLM's worker process: it imports vLLM's and torch's mod
 `grpo.rollout.vllm_common` for what the colocated engine does the same way."""
 from __future__ import annotations
 
-VERSION = "1"  # what `grpo_hello` answers: the calls below and their arguments, as this grpo makes them
+VERSION = "1"
+# the config fields of the served model that the trainer's must equal before it sends its weights (a reload of
+# weights of another shape fails half-way and leaves the server unusable)
+SHAPE = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+         "num_key_value_heads", "vocab_size", "tie_word_embeddings", "model_type")  # what `grpo_hello` answers: the calls below and their arguments, as this grpo makes them
 
 
 class WorkerExtension:
@@ -16,6 +20,12 @@ class WorkerExtension:
     def grpo_hello(self) -> str:
         """Proof that the server runs grpo's extension, and which version of its calls."""
         return VERSION
+
+    def grpo_describe(self) -> dict:
+        """The served model's shape: its transformers config's SHAPE fields."""
+        config = self.model_runner.model_config.hf_config
+        text = getattr(config, "get_text_config", lambda: config)()
+        return {k: getattr(text, k, getattr(config, k, None)) for k in SHAPE}
 
     def grpo_load_weights(self, path: str) -> str:
         """Replace the model's weights in place with the safetensors files in the directory `path` (the policy's

@@ -133,3 +133,160 @@ def test_lora_reaches_the_server_merged(server):
         assert _max_diff(policy, r, 1.0) < LOGP_TOLERANCE
     finally:
         gen.close()
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    """Every figure but the timings equal, NaN equal to NaN."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (x["step"], k, x[k], y[k])
+
+
+@pytest.mark.slow
+def test_the_default_job_on_a_server_learns_as_on_the_colocated_engine(server, finished_run, tmp_path):
+    from test_vllm_train import ONE_PROCESS
+    url, _ = server
+    out = tmp_path / "server"
+    train(load_config(ONE_PROCESS[0], [*ONE_PROCESS[1:], "rollout.backend=vllm_server", f"vllm_server.urls=[{url}]",
+                                       f"train.output_dir={out}"]))
+    rows = _rows(out)
+    assert rows[-1]["eval/accuracy"] >= rows[0]["eval/accuracy"] + 0.10, (rows[0], rows[-1])
+    assert all(0 <= r["mismatch/abs_diff_max"] < 1e-3 and r["mismatch/capped"] == 0 for r in rows[1:])
+    # the server samples each prompt with its seed and the trainer's weights, in batches that do not change a
+    # request's rows on this CPU: the run is the colocated engine's, figure for figure
+    _same(rows, _rows(finished_run("vllm-default-20", *ONE_PROCESS)))
+
+
+@pytest.mark.slow
+def test_a_run_resumed_on_a_server_equals_the_uninterrupted_one(server, finished_run, tmp_path):
+    from test_vllm_train import FOUR_STEPS
+    url, _ = server
+    on_server = [*FOUR_STEPS[1:], "rollout.backend=vllm_server", f"vllm_server.urls=[{url}]"]
+    parts = tmp_path / "parts"
+    train(load_config(FOUR_STEPS[0], [*on_server, f"train.output_dir={parts}", "train.steps=2"]))
+    train(load_config(FOUR_STEPS[0], [*on_server, f"train.output_dir={parts}", "train.resume=auto"]))
+    whole = finished_run("vllm-four-steps", *FOUR_STEPS)  # on the colocated engine, which samples the same rows
+    _same(_rows(whole), _rows(parts))
+    assert (whole / "samples.jsonl").read_text() == (parts / "samples.jsonl").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_trainer_processes_share_one_server(server, finished_run, tmp_path):
+    from test_vllm_train import FOUR_STEPS
+    url, _ = server
+    out = tmp_path / "two"
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                        "grpo", "train", *FOUR_STEPS, "rollout.backend=vllm_server", f"vllm_server.urls=[{url}]",
+                        f"train.output_dir={out}"], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    # each process sends its own prompts (to the same server) and the rows are the one-process run's: the figures
+    # equal it to the rounding of sums over two processes, and the weights to 1e-5, as test_distributed's two
+    # processes without a server; the mismatch figures, themselves rounding (about 1e-5), stay below 1e-3
+    from safetensors.torch import load_file
+    one = finished_run("vllm-four-steps", *FOUR_STEPS)
+    wa, wb = (load_file(p / "model" / "model.safetensors") for p in (one, out))
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-5, rtol=0) for k in wa)
+    ra, rb = _rows(one), _rows(out)
+    assert [r["step"] for r in ra] == [r["step"] for r in rb]
+    for x, y in zip(ra, rb):
+        assert x.keys() == y.keys()
+        for k in x:
+            if k.startswith("mismatch/abs_diff"):
+                assert x[k] < 1e-3 and y[k] < 1e-3, (k, x[k], y[k])
+            elif k.startswith("mismatch/k3"):
+                assert abs(x[k]) < 1e-6 and abs(y[k]) < 1e-6, (k, x[k], y[k])
+            else:
+                assert x[k] == pytest.approx(y[k], rel=1e-4, abs=1e-6, nan_ok=True), (x["step"], k, x[k], y[k])
+
+
+@pytest.mark.slow
+def test_a_tool_job_on_a_server_it_launches(finished_run, tmp_path):
+    from test_vllm_tools import TRAIN_2
+    out = tmp_path / "tools"
+    train(load_config(TRAIN_2[0], [*TRAIN_2[1:], "rollout.backend=vllm_server", "vllm_server.launch=1",
+                                   f"train.output_dir={out}"]))
+    log = (out / "vllm-server-0.log").read_text()
+    assert "--worker-extension-cls grpo.rollout.vllm_worker.WorkerExtension" in log.splitlines()[0]
+    assert "Application startup complete" in log
+    rows = _rows(out)
+    assert all(r["episode/turns"] >= 1 and r["mismatch/abs_diff_max"] < 1e-3 for r in rows[1:])
+    # the multi-turn episodes continue from exact token ids on the server as on the colocated engine
+    _same(rows, _rows(finished_run("vllm-tools-2", *TRAIN_2)))
+    assert (out / "samples.jsonl").read_text() == (finished_run("vllm-tools-2", *TRAIN_2) / "samples.jsonl").read_text()
+
+
+@pytest.mark.slow
+def test_a_server_killed_mid_run_stops_it_with_one_line_and_a_new_one_resumes_it(finished_run, tmp_path):
+    import re
+
+    from test_vllm_train import FOUR_STEPS
+    out = tmp_path / "run"
+    args = [*FOUR_STEPS, "rollout.backend=vllm_server", "vllm_server.launch=1", "train.save_every=1"]
+    proc = subprocess.Popen([sys.executable, "-m", "grpo", "train", *args, f"train.output_dir={out}"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = out / "checkpoints" / "step-00000002" / "COMPLETE"  # step 2's checkpoint, written after its row
+    deadline = time.monotonic() + 600
+    while not done.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    pid = int(re.search(r"^# pid (\d+)", (out / "vllm-server-0.log").read_text(), re.M).group(1))
+    os.killpg(pid, signal.SIGKILL)  # the server and its engine, as the machine's OOM killer might
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 2, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"grpo: error: the vLLM server at http://127.0.0.1:") and "died" in last, last
+    assert "Traceback" not in err and len(last) < 600
+    # the last checkpoint is intact: a resume launches a new server and ends where the uninterrupted run ends
+    result = train(load_config(args[0], [*args[1:], f"train.output_dir={out}", "train.resume=auto"]))
+    assert result.resumed_from is not None
+    _same(_rows(finished_run("vllm-four-steps", *FOUR_STEPS)), _rows(out))
+
+
+def test_a_server_of_another_model_is_refused(server, random_model_dir):
+    url, _ = server
+    cfg = load_config(None, [f"model.path={random_model_dir}", "rollout.backend=vllm_server",
+                             f"vllm_server.urls=[{url}]"])
+    policy, tokenizer = load_model(cfg.model)
+    with pytest.raises(EngineError, match=f"the vLLM server at {url} serves another model than model.path: "
+                                          "hidden_size 128 there, 32 here"):
+        VLLMServerGenerator(policy, tokenizer, cfg=cfg)
+    # refused before any weight was sent: the server still serves the module's tests
+    gen = _generator(url, *load_model(load_config(None, ["model.path=tiny"]).model))
+    gen.close()
+
+
+def test_a_server_that_cannot_start_is_one_line_with_its_own_error(tmp_path, server):
+    # a port another server holds: vLLM's own error, from the server's log
+    url, _ = server
+    port = url.rsplit(":", 1)[1]
+    run_dir = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "grpo", "train", "rollout.backend=vllm_server", "vllm.kv_cache_gib=0.1",
+                        f"vllm_server.port={port}", "train.steps=1", "eval.size=4", f"train.output_dir={run_dir}",
+                        "log.progress=false"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"grpo: error: the vLLM server at {url} did not start"), last
+    assert "Address already in use" in last or "address already in use" in last, last
+    assert "Traceback" not in r.stderr and (run_dir / "vllm-server-0.log").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_fsdp2_weights_reach_the_server(server, tmp_path):
+    """Two processes with FSDP2: after each step the gathered weights reach the server they share, so its
+    log-probs keep agreeing with the sharded trainer's."""
+    url, _ = server
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                        "grpo", "train", "grpo/configs/tiny.yaml", "train.steps=3", "eval.size=50", "eval.every=0",
+                        "eval.pass_k=0", "compute.threads=1", "compute.sharding=fsdp", "train.prompts_per_step=8",
+                        *QUIET, "rollout.backend=vllm_server", f"vllm_server.urls=[{url}]",
+                        f"train.output_dir={tmp_path}"], capture_output=True, text=True, timeout=900, cwd=ROOT,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(tmp_path)
+    assert len(rows) == 4 and all(r["mismatch/abs_diff_max"] < 1e-3 for r in rows[1:])
+    assert rows[2]["kl"] > 0  # the policy moved, and the server followed it: the mismatch stayed at rounding

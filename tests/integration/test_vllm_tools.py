@@ -12,7 +12,6 @@ from grpo.models import load_model
 from grpo.policy import LogprobModule
 from grpo.rollout import HFGenerator, Sampling
 from grpo.tasks import load_builtin_task
-from grpo.trainer import train
 
 pytest.importorskip("vllm", reason="the vLLM backend's tests need vLLM: pip install -e '.[vllm]'")
 pytestmark = pytest.mark.vllm
@@ -68,10 +67,14 @@ def test_engine_log_probs_cover_the_models_tokens_only(setup):
     assert (ours[own] - r.sampler_logp[own]).abs().max() < 1e-3
 
 
-def test_tool_training_on_vllm(tmp_path):
-    train(load_config(JOB, [*VLLM, f"train.output_dir={tmp_path}", "train.steps=2", "train.prompts_per_step=4",
-                            "rollout.group_size=4", "eval.size=8", "eval.pass_k=0", "log.progress=false",
-                            "log.trackers=[]", "log.chart=false"]))
-    logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+# two steps of the tool job on the colocated engine: trained once for the suite, as test_vllm_server compares the
+# same job on a server with it
+TRAIN_2 = [JOB, *VLLM, "train.steps=2", "train.prompts_per_step=4", "rollout.group_size=4", "eval.size=8",
+           "eval.pass_k=0", "log.progress=false", "log.trackers=[]", "log.chart=false"]
+
+
+def test_tool_training_on_vllm(finished_run):
+    out = finished_run("vllm-tools-2", *TRAIN_2)
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()][1:]
     assert all(0 <= r["mismatch/abs_diff_max"] < 1e-3 for r in logged)
     assert all(r["episode/turns"] >= 1 for r in logged)

@@ -33,23 +33,22 @@ def _same(a: list[dict], b: list[dict]) -> None:
             assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (x["step"], k, x[k], y[k])
 
 
-# the default job shortened (20 steps, 200 held-out examples, one thread): in this process, once for the module;
-# docs/vllm.md has the full job with the grpo preset alone. The two-process test compares its run with this one.
+# the default job shortened (20 steps, 200 held-out examples, one thread): trained once for the suite, in the
+# process of the first test that asks; docs/vllm.md has the full job with the grpo preset alone. The two-process
+# test here and the server's (test_vllm_server.py) compare their runs with this one.
 ONE_PROCESS = ["grpo/configs/tiny.yaml", "train.steps=20", "eval.size=200", "eval.every=0", "eval.pass_k=0",
                "compute.threads=1", *QUIET]
 
 
 @pytest.fixture(scope="module")
-def one_process_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("one-process")
-    result = train(load_config(ONE_PROCESS[0], [*ONE_PROCESS[1:], f"train.output_dir={out}"]))
-    return result, out
+def one_process_run(finished_run):
+    return finished_run("vllm-default-20", *ONE_PROCESS)
 
 
 def test_default_job_with_vllm_learns(one_process_run):
-    result, out = one_process_run
-    before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
+    out = one_process_run
     rows = _rows(out)
+    before, after = rows[0]["eval/accuracy"], rows[-1]["eval/accuracy"]
     assert sum(r["sampling/reward_mean"] for r in rows[-10:]) > sum(r["sampling/reward_mean"] for r in rows[1:11])
     assert after >= before + 0.10, (before, after)
     # the sampler's log-probs came with every step and agree with the trainer's to float32 rounding
@@ -57,14 +56,17 @@ def test_default_job_with_vllm_learns(one_process_run):
     assert (out / "model" / "model.safetensors").exists()
 
 
+# four steps with a checkpoint and an evaluation after two: the uninterrupted run is trained once for the suite, as
+# test_vllm_server resumes the same job on a server, and shares a server between two processes, against it
+FOUR_STEPS = ["grpo/configs/tiny.yaml", "train.steps=4", "train.save_every=2", "train.prompts_per_step=8",
+              "eval.size=50", "eval.every=2", "eval.pass_k=2", "compute.threads=1", *QUIET]
+
+
 @pytest.mark.slow
-def test_resumed_run_equals_an_uninterrupted_one(tmp_path):
-    common = ["grpo/configs/tiny.yaml", "train.steps=4", "train.save_every=2", "train.prompts_per_step=8",
-              "eval.size=50", "eval.every=2", "eval.pass_k=2", *QUIET]
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    train(load_config(common[0], [*common[1:], f"train.output_dir={whole}"]))
-    train(load_config(common[0], [*common[1:], f"train.output_dir={parts}", "train.steps=2"]))
-    train(load_config(common[0], [*common[1:], f"train.output_dir={parts}", "train.resume=auto"]))
+def test_resumed_run_equals_an_uninterrupted_one(tmp_path, finished_run):
+    whole, parts = finished_run("vllm-four-steps", *FOUR_STEPS), tmp_path / "parts"
+    train(load_config(FOUR_STEPS[0], [*FOUR_STEPS[1:], f"train.output_dir={parts}", "train.steps=2"]))
+    train(load_config(FOUR_STEPS[0], [*FOUR_STEPS[1:], f"train.output_dir={parts}", "train.resume=auto"]))
     _same(_rows(whole), _rows(parts))
     samples = [(p / "samples.jsonl").read_text() for p in (whole, parts)]
     assert samples[0] == samples[1]
@@ -82,7 +84,7 @@ def test_two_processes_with_an_engine_each_learn_rerun_identically_and_equal_one
                            capture_output=True, text=True, env=env, timeout=900, cwd=ROOT)
         assert r.returncode == 0, r.stderr[-3000:]
         rows.append(_rows(out))
-    rows.append(_rows(one_process_run[1]))  # the same job in one process (this module's run)
+    rows.append(_rows(one_process_run))  # the same job in one process (this module's run)
     _same(rows[0], rows[1])
     # every prompt keeps its seed whichever engine samples it, and on this CPU the engine's rows do not depend
     # on the rest of their batch: one process gives the same run (not promised on every machine, docs/vllm.md)
