@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--syncs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1, help="runs of the step comparison per backend; 0 skips it")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     from grpo.packaged import packaged_model_dir
@@ -97,14 +97,24 @@ def main() -> None:
                 runs[backend].append({k: statistics.median(x[f"perf/{k}"] for x in rows)
                                       for k in ("step_seconds", "rollout_seconds", "sync_seconds")})
                 print(backend, runs[backend][-1], file=sys.stderr)
-        result["step"] = {"runs": runs,
-                          "median": {b: {k: statistics.median(r[k] for r in v) for k in v[0]} for b, v in runs.items()}}
+        if args.repeats:
+            result["step"] = {"runs": runs, "median": {b: {k: statistics.median(r[k] for r in v) for k in v[0]}
+                                                       for b, v in runs.items()}}
     lines = ["Seconds per weight sync to one local server (file route; the trainer writes safetensors to /dev/shm, the "
              f"server reloads in place), median of {args.syncs}:", "",
              "| model | parameters | s / sync | server start, s |", "|---|---:|---:|---:|"]
     for s in result["sync"]:
         lines.append(f"| {s['model']} | {s['parameters'] / 1e6:.1f} M | {s['median']:.2f} | {s['start_seconds']:.0f} |")
-    lines += ["", f"One training step of the SmolLM2 job (smollm2_stories, float32, {args.prompts} prompts × 8, "
+    if args.repeats:
+        lines += step_table(result, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def step_table(result: dict, args) -> list[str]:
+    lines = ["", f"One training step of the SmolLM2 job (smollm2_stories, float32, {args.prompts} prompts × 8, "
               f"48 tokens), medians of steps 2–{args.steps}:", "",
               "| backend | s / step | s collect | s sync | s learn (the rest) | collect + sync share |",
               "|---|---:|---:|---:|---:|---:|"]
@@ -115,10 +125,7 @@ def main() -> None:
         lines.append(f"| {b} | {m['step_seconds']:.2f} | {m['rollout_seconds']:.2f} | {m['sync_seconds']:.2f} | "
                      f"{rest:.2f} | {share:.0%} |")
     lines.append(f"\nvllm_server / vllm per step: {med['vllm_server']['step_seconds'] / med['vllm']['step_seconds']:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

@@ -270,6 +270,8 @@ class VLLMServerGenerator:
         self.rank, self.world = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
         self.api_key = os.environ.get(API_KEY_ENV, "")
         try:
+            # room for three copies of the weights: the start directory, the version the servers hold and the next
+            self._need = 3 * sum(p.numel() * p.element_size() for p in model.parameters())
             self.weights_dir = self._weights_dir()
             urls = list(self.cfg.urls) or self._launch(model, tokenizer, cfg, run_dir)
             self.clients = [Client(u, self.cfg.timeout_s, self.api_key, self._launched_at(u)) for u in urls]
@@ -286,13 +288,13 @@ class VLLMServerGenerator:
 
     def _weights_dir(self) -> Path:
         """Where the weights for the servers go: vllm_server.weights_dir, else (servers on this machine) a fresh
-        directory in /dev/shm where it exists (memory, not disk), else in the temporary directory."""
+        directory in /dev/shm where it has room for them (memory, not disk; a container's is often 64 MB), else in
+        the temporary directory."""
         if self.cfg.weights_dir:
             path = Path(self.cfg.weights_dir).expanduser()
             path.mkdir(parents=True, exist_ok=True)
             return path
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-        names = [tempfile.mkdtemp(prefix="grpo-vllm-weights-", dir=shm)] if self.rank == 0 else [None]
+        names = [tempfile.mkdtemp(prefix="grpo-vllm-weights-", dir=_memory_dir(self._need))] if self.rank == 0 else [None]
         if self.world > 1:
             torch.distributed.broadcast_object_list(names, src=0)
         return Path(names[0])
@@ -519,6 +521,16 @@ class VLLMServerGenerator:
         for d in self._tmp:
             d.cleanup()
         self._tmp = []
+
+
+def _memory_dir(need: int) -> str | None:
+    """/dev/shm when it is writable and has `need` bytes free, else None (the temporary directory)."""
+    try:
+        if os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > need:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return None
 
 
 def _exited(proc: subprocess.Popen, wait: float = 5.0) -> bool:

@@ -145,18 +145,21 @@ def _same(a: list[dict], b: list[dict]) -> None:
 
 
 @pytest.mark.slow
-def test_the_default_job_on_a_server_learns_as_on_the_colocated_engine(server, finished_run, tmp_path):
-    from test_vllm_train import ONE_PROCESS
-    url, _ = server
-    out = tmp_path / "server"
-    train(load_config(ONE_PROCESS[0], [*ONE_PROCESS[1:], "rollout.backend=vllm_server", f"vllm_server.urls=[{url}]",
-                                       f"train.output_dir={out}"]))
+def test_the_default_job_on_a_server_it_launches_learns(finished_run):
+    # trained once for the suite: test_vllm_train's two processes with a colocated engine each equal this run
+    # figure for figure (the server samples the colocated engine's rows)
+    from test_vllm_train import ON_A_SERVER
+    out = finished_run("vllm-server-default-20", *ON_A_SERVER)
     rows = _rows(out)
+    assert sum(r["sampling/reward_mean"] for r in rows[-10:]) > sum(r["sampling/reward_mean"] for r in rows[1:11])
     assert rows[-1]["eval/accuracy"] >= rows[0]["eval/accuracy"] + 0.10, (rows[0], rows[-1])
     assert all(0 <= r["mismatch/abs_diff_max"] < 1e-3 and r["mismatch/capped"] == 0 for r in rows[1:])
-    # the server samples each prompt with its seed and the trainer's weights, in batches that do not change a
-    # request's rows on this CPU: the run is the colocated engine's, figure for figure
-    _same(rows, _rows(finished_run("vllm-default-20", *ONE_PROCESS)))
+    assert all(r["perf/sync_seconds"] > 0 for r in json_rows(out)[1:])  # the weights went to the server each step
+    assert (out / "vllm-server-0.log").exists() and (out / "model" / "model.safetensors").exists()
+
+
+def json_rows(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -220,7 +223,7 @@ def test_a_tool_job_on_a_server_it_launches(finished_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_server_killed_mid_run_stops_it_with_one_line_and_a_new_one_resumes_it(finished_run, tmp_path):
+def test_a_server_killed_mid_run_stops_it_with_one_line_and_a_new_one_resumes_it(server, finished_run, tmp_path):
     import re
 
     from test_vllm_train import FOUR_STEPS
@@ -240,8 +243,9 @@ def test_a_server_killed_mid_run_stops_it_with_one_line_and_a_new_one_resumes_it
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"grpo: error: the vLLM server at http://127.0.0.1:") and "died" in last, last
     assert "Traceback" not in err and len(last) < 600
-    # the last checkpoint is intact: a resume launches a new server and ends where the uninterrupted run ends
-    result = train(load_config(args[0], [*args[1:], f"train.output_dir={out}", "train.resume=auto"]))
+    # the last checkpoint is intact: a resume on another server (the module's) ends where the uninterrupted run ends
+    result = train(load_config(args[0], [*args[1:], f"vllm_server.urls=[{server[0]}]", f"train.output_dir={out}",
+                                         "train.resume=auto"]))
     assert result.resumed_from is not None
     _same(_rows(finished_run("vllm-four-steps", *FOUR_STEPS)), _rows(out))
 
