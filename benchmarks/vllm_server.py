@@ -66,7 +66,7 @@ def step_job(out: Path, backend: str, args) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--syncs", type=int, default=5)
+    ap.add_argument("--syncs", type=int, default=5, help="syncs per model; 0 keeps the results file's sync figures")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=1, help="runs of the step comparison per backend; 0 skips it")
@@ -77,7 +77,9 @@ def main() -> None:
     result: dict = {"settings": vars(args) | {"out": str(args.out)}, "sync": [], "step": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        for name in ("1m", "smollm2-135m", "500m"):
+        if not args.syncs:
+            result["sync"] = json.loads(args.out.with_suffix(".json").read_text())["sync"]
+        for name in ("1m", "smollm2-135m", "500m") if args.syncs else ():
             if name == "smollm2-135m":
                 model_dir = packaged_model_dir("smollm2-135m-instruct")
             else:
@@ -101,7 +103,7 @@ def main() -> None:
             result["step"] = {"runs": runs, "median": {b: {k: statistics.median(r[k] for r in v) for k in v[0]}
                                                        for b, v in runs.items()}}
     lines = ["Seconds per weight sync to one local server (file route; the trainer writes safetensors to /dev/shm, the "
-             f"server reloads in place), median of {args.syncs}:", "",
+             f"server reloads in place), median of {len(result['sync'][0]['syncs'])}:", "",
              "| model | parameters | s / sync | server start, s |", "|---|---:|---:|---:|"]
     for s in result["sync"]:
         lines.append(f"| {s['model']} | {s['parameters'] / 1e6:.1f} M | {s['median']:.2f} | {s['start_seconds']:.0f} |")
