@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import rollout_engines  # noqa: E402
+import vllm_step  # noqa: E402
 
 OUT = HERE / "results" / "vllm_server"
 
@@ -91,13 +91,8 @@ def main() -> None:
         for i in range(args.repeats):
             for backend in list(runs)[::1 if i % 2 == 0 else -1]:
                 out = tmp / f"{backend}-{i}"
-                r = subprocess.run(step_job(out, backend, args), capture_output=True, text=True)
-                if r.returncode:
-                    sys.exit(f"{backend}: the run failed:\n{r.stderr[-3000:]}")
-                rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-                rows = [x for x in rows if x["step"] >= 2]
-                runs[backend].append({k: statistics.median(x[f"perf/{k}"] for x in rows)
-                                      for k in ("step_seconds", "rollout_seconds", "sync_seconds")})
+                runs[backend].append(vllm_step.step_medians(step_job(out, backend, args), out, backend,
+                                                            ("step_seconds", "rollout_seconds", "sync_seconds")))
                 print(backend, runs[backend][-1], file=sys.stderr)
         if args.repeats:
             result["step"] = {"runs": runs, "median": {b: {k: statistics.median(r[k] for r in v) for k in v[0]}

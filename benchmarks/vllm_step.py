@@ -37,6 +37,17 @@ def job(model_dir: Path, out: Path, backend: str, args) -> list[str]:
             "log.progress=false", "log.trackers=[]", "log.chart=false", f"train.output_dir={out}", "train.overwrite=true"]
 
 
+def step_medians(cmd: list[str], out: Path, name: str, keys: tuple[str, ...]) -> dict:
+    """Run the `grpo train` command `cmd` (output in `out`) and return the medians of its perf/<key> figures over
+    the steps after the first (which warms the kernels up); a failed run ends the benchmark with its error."""
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"{name}: the run failed:\n{r.stderr[-3000:]}")
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [x for x in rows if x["step"] >= 2]
+    return {k: statistics.median(x[f"perf/{k}"] for x in rows) for k in keys}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="100m", choices=list(rollout_engines.MODELS))
@@ -54,13 +65,8 @@ def main() -> None:
         for i in range(args.repeats):
             for backend in list(BACKENDS)[::1 if i % 2 == 0 else -1]:
                 out = Path(tmp) / f"{backend}-{i}"
-                r = subprocess.run(job(model_dir, out, backend, args), capture_output=True, text=True)
-                if r.returncode:
-                    sys.exit(f"{backend}: the run failed:\n{r.stderr[-3000:]}")
-                rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-                rows = [x for x in rows if x["step"] >= 2]
-                runs[backend].append({k: statistics.median(x[f"perf/{k}"] for x in rows)
-                                      for k in ("step_seconds", "rollout_seconds", "completion_tokens")})
+                runs[backend].append(step_medians(job(model_dir, out, backend, args), out, backend,
+                                                  ("step_seconds", "rollout_seconds", "completion_tokens")))
                 print(backend, runs[backend][-1], file=sys.stderr)
     med = {b: {k: statistics.median(r[k] for r in v) for k in v[0]} for b, v in runs.items()}
     result = {"model": args.model, "parameters": params, "settings": vars(args) | {"out": str(args.out)},

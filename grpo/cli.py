@@ -150,16 +150,14 @@ def _serve(cfg, args) -> int:
     import os
 
     from grpo.models import resolve_model_path
-    from grpo.rollout.vllm_server import API_KEY_ENV, LOOPBACK, serve_command
+    from grpo.rollout.vllm_server import open_host_error, serve_command
 
     if importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_common import INSTALL
         raise GRPOError(f"grpo serve needs vLLM, which is not installed; install it with {INSTALL}")
     host, port = cfg.vllm_server.host, cfg.vllm_server.port or 8000
-    if host not in LOOPBACK and not os.environ.get(API_KEY_ENV):
-        raise GRPOError(f"vllm_server.host={host} is not a loopback address: set {API_KEY_ENV} in the environment "
-                        "(the key the server then requires), and read docs/vllm.md on what its weight endpoints "
-                        "allow anyone who reaches them")
+    if open_host_error(host):
+        raise GRPOError(open_host_error(host))
     model_dir = Path(resolve_model_path(cfg.model.path))
     if not (model_dir / "config.json").is_file():
         raise GRPOError(f"model.path={cfg.model.path}: {model_dir} has no config.json; grpo serve serves a "

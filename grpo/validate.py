@@ -133,11 +133,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
             from grpo.rollout.vllm_common import INSTALL
             raise ConfigError("rollout.backend=vllm_server with no vllm_server.urls launches vLLM servers here, and "
                               f"vLLM is not installed; install it with {INSTALL}, or give vllm_server.urls")
-        if (not cfg.vllm_server.urls and cfg.vllm_server.host not in ("127.0.0.1", "localhost", "::1")
-                and not os.environ.get("VLLM_API_KEY")):
-            raise ConfigError(f"vllm_server.host={cfg.vllm_server.host} is not a loopback address: set VLLM_API_KEY "
-                              "in the environment (the key the servers then require), and read docs/vllm.md on "
-                              "what their weight endpoints allow anyone who reaches them")
+        from grpo.rollout.vllm_server import open_host_error
+        if not cfg.vllm_server.urls and open_host_error(cfg.vllm_server.host):
+            raise ConfigError(open_host_error(cfg.vllm_server.host))
     if cfg.algo.ref_sync_every and not cfg.algo.beta:
         raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
                           "loads none: set algo.beta > 0 or algo.ref_sync_every=0")

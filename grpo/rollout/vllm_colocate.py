@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from grpo.errors import DataError
-from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_tokens
+from grpo.rollout.base import Rollout, Sampling, stop_tokens
 from grpo.rollout.vllm_common import (EngineError, engine_weights, first_line, import_vllm, max_positions,
-                                      refresh_cpu_heads, rows_from_outputs, sampling_params, write_start)
+                                      prepare_prompts, refresh_cpu_heads, rows_from_outputs, sampling_params,
+                                      write_start)
 
 
 class _Worker:
@@ -156,15 +156,9 @@ class VLLMGenerator:
         from vllm.inputs import TokensPrompt
 
         self._check_usable()
-        seeds = prompt_seeds(seeds, len(prompts))
-        limits = prompt_limits(limits, sampling, len(prompts))
-        ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
-        longest = max(len(x) + k for x, k in zip(ids, limits))
-        if longest > self.max_model_len:
-            x, k = max(zip(ids, limits), key=lambda p: len(p[0]) + p[1])
-            raise DataError(f"a prompt of {len(x)} tokens plus {k} new tokens is more than the vLLM engine's "
-                            f"max_model_len={self.max_model_len}; raise vllm.max_model_len (at most the model's "
-                            "max_position_embeddings) or shorten the prompts")
+        ids, seeds, limits = prepare_prompts(self.tokenizer, prompts, sampling, seeds, limits,
+                                             add_special_tokens=self.add_special_tokens,
+                                             max_model_len=self.max_model_len, who="the vLLM engine's")
         params = sampling_params(sampling, seeds, limits, self.eos_ids)
         requests = [TokensPrompt(prompt_token_ids=x) for x in ids]
 

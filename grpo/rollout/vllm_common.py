@@ -21,7 +21,7 @@ import torch
 
 from grpo.errors import DataError, GRPOError
 from grpo.policy.lora import lora_merged_weight
-from grpo.rollout.base import Rollout, Sampling
+from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds
 
 INSTALL = "pip install -e '.[vllm]' (or: make setup-vllm)"
 
@@ -86,19 +86,38 @@ def write_start(model, tokenizer, path: Path) -> None:
     save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
 
 
+def prepare_prompts(tokenizer, prompts, sampling: Sampling, seeds, limits, *, add_special_tokens: bool,
+                    max_model_len: int, who: str) -> tuple[list[list[int]], list[int], list[int]]:
+    """(token ids, seeds, limits) of a generate call's prompts: seeds and limits checked or filled in, texts
+    tokenized; a prompt whose tokens plus its limit exceed `max_model_len` is a DataError naming `who` (the
+    engine, the servers)."""
+    seeds = prompt_seeds(seeds, len(prompts))
+    limits = prompt_limits(limits, sampling, len(prompts))
+    ids = encode_prompts(tokenizer, prompts, add_special_tokens)
+    x, k = max(zip(ids, limits), key=lambda p: len(p[0]) + p[1])
+    if len(x) + k > max_model_len:
+        raise DataError(f"a prompt of {len(x)} tokens plus {k} new tokens is more than {who} "
+                        f"max_model_len={max_model_len}; raise vllm.max_model_len (at most the model's "
+                        "max_position_embeddings) or shorten the prompts")
+    return ids, seeds, limits
+
+
+def sampling_fields(sampling: Sampling, seed: int, limit: int, eos_ids: list[int]) -> dict:
+    """The fields of vLLM's `SamplingParams` for one prompt (as keyword arguments, or as JSON for a server): n
+    completions (one when greedy: the n copies are equal), seeded by the prompt's seed, at most `limit` new tokens,
+    stopping at the model's EOS ids; with temperature > 0 the log-probs of the sampled tokens come back."""
+    greedy = sampling.temperature == 0  # vLLM samples greedily once per prompt; the n copies are equal
+    return dict(n=1 if greedy else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=limit,
+                min_tokens=min(sampling.min_new_tokens, limit), seed=int(seed) & (2**63 - 1),
+                logprobs=None if greedy else 0, stop_token_ids=eos_ids, detokenize=False)
+
+
 def sampling_params(sampling: Sampling, seeds: Sequence[int], limits: Sequence[int], eos_ids: list[int]) -> list:
-    """vLLM's `SamplingParams` of each prompt: n completions (one when greedy: the n copies are equal), seeded by
-    the prompt's seed, at most its limit of new tokens, stopping at the model's EOS ids; with temperature > 0 the
-    log-probs of the sampled tokens come back."""
+    """vLLM's `SamplingParams` of each prompt (`sampling_fields`)."""
     from vllm import SamplingParams
 
-    greedy = sampling.temperature == 0  # vLLM samples greedily once per prompt; the n copies are equal
-    return [SamplingParams(n=1 if greedy else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                           top_k=sampling.top_k if sampling.top_k > 0 else -1,
-                           max_tokens=k, min_tokens=min(sampling.min_new_tokens, k),
-                           seed=int(s) & (2**63 - 1), logprobs=None if greedy else 0,
-                           stop_token_ids=eos_ids, detokenize=False)
-            for s, k in zip(seeds, limits)]
+    return [SamplingParams(**sampling_fields(sampling, s, k, eos_ids)) for s, k in zip(seeds, limits)]
 
 
 def rows_from_outputs(outs, ids: list[list[int]], n: int, *, with_logp: bool, tokenizer, pad_id: int, device,

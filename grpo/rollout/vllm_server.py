@@ -45,9 +45,11 @@ from types import SimpleNamespace
 
 import torch
 
-from grpo.errors import ConfigError, DataError
-from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_tokens
-from grpo.rollout.vllm_common import EngineError, engine_weights, first_line, max_positions, rows_from_outputs
+from grpo.errors import ConfigError
+from grpo.policy.context import is_sharded
+from grpo.rollout.base import Rollout, Sampling, encode_prompts, stop_tokens
+from grpo.rollout.vllm_common import (EngineError, engine_weights, first_line, max_positions, prepare_prompts,
+                                      rows_from_outputs, sampling_fields)
 
 SERVED_NAME = "grpo-policy"
 EXTENSION = "grpo.rollout.vllm_worker.WorkerExtension"
@@ -88,6 +90,15 @@ def serve_command(model_dir: str, *, vllm_cfg, host: str, port: int, dtype: str 
             cmd += ["--kv-cache-memory-bytes", str(int(vllm_cfg.kv_cache_gib * 2**30))]
         env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     return cmd, env
+
+
+def open_host_error(host: str) -> str | None:
+    """Why a server may not listen on `host` (any address but loopback, without VLLM_API_KEY), or None."""
+    if host in LOOPBACK or os.environ.get(API_KEY_ENV):
+        return None
+    return (f"vllm_server.host={host} is not a loopback address: set {API_KEY_ENV} in the environment (the key the "
+            "servers then require), and read docs/vllm.md on what their weight endpoints allow anyone who reaches "
+            "them")
 
 
 def free_port(host: str) -> int:
@@ -202,10 +213,8 @@ def launch_servers(count: int, model_dir: Path, *, vllm_cfg, server_cfg, log_dir
         from grpo.rollout.vllm_common import INSTALL
         raise ConfigError(f"vllm_server.launch needs vLLM installed here, which it is not; install it with {INSTALL}")
     host = server_cfg.host
-    if host not in LOOPBACK and not os.environ.get(API_KEY_ENV):
-        raise ConfigError(f"vllm_server.host={host} is not a loopback address: set {API_KEY_ENV} in the environment "
-                          "(the key the servers require), and read docs/vllm.md on what their dev-mode endpoints "
-                          "allow anyone who reaches them")
+    if open_host_error(host):
+        raise ConfigError(open_host_error(host))
     if device == "cuda":
         have = torch.cuda.device_count()
         if first_device + count > have:
@@ -318,7 +327,7 @@ class VLLMServerGenerator:
                 box[0] = [s.url for s in self.launched]
             except Exception as e:  # noqa: BLE001 - handed to every process
                 box[0] = e
-        elif any(hasattr(t, "full_tensor") for _, t in ((n, p) for n, p in model.named_parameters())):
+        elif is_sharded(model):
             for _ in engine_weights(model):  # rank 0's write_start gathers FSDP2 shards: a collective
                 pass
         if self.world > 1:
@@ -370,16 +379,13 @@ class VLLMServerGenerator:
         """Before any weight is sent: each server's model has the trainer's shape (a reload of weights of another
         shape fails half-way and leaves the server unusable)."""
         from grpo.rollout.vllm_common import base_config
-        from grpo.rollout.vllm_worker import SHAPE
+        from grpo.rollout.vllm_worker import SHAPE, shape_of
 
-        config = base_config(model)
-        text = getattr(config, "get_text_config", lambda: config)()
-        ours = {k: getattr(text, k, getattr(config, k, None)) for k in SHAPE}
+        ours = shape_of(base_config(model))
         for c in self.clients:
             theirs = (c.call("POST", "/collective_rpc", {"method": "grpo_describe"},
                              what="describe its model") or {}).get("results", [None])[0] or {}
-            differ = [f"{k} {theirs.get(k)!r} there, {ours[k]!r} here" for k in SHAPE
-                      if _plain(theirs.get(k)) != _plain(ours[k])]
+            differ = [f"{k} {theirs.get(k)!r} there, {ours[k]!r} here" for k in SHAPE if theirs.get(k) != ours[k]]
             if differ:
                 raise EngineError(f"the vLLM server at {c.url} serves another model than model.path: "
                                   + "; ".join(differ[:3]))
@@ -388,7 +394,6 @@ class VLLMServerGenerator:
         """After the first weight push: a server's log-probs of a probe sequence are the trainer's, or it serves
         another model than model.path."""
         from grpo.policy import LogprobModule
-        from grpo.policy.context import is_sharded
         from grpo.policy.forward import forward_path
 
         ids = [t % len(self.tokenizer) for t in encode_prompts(
@@ -397,9 +402,10 @@ class VLLMServerGenerator:
         prompt, rest = torch.tensor([ids[:2]]), torch.tensor([ids[2:]])
         with torch.no_grad():
             # FSDP2 shards: the model's own forward, whose hooks gather them (every process runs the probe)
-            ours = LogprobModule(model, forward_path(model, sharded=is_sharded(model)))(prompt.to(self.device), torch.ones_like(prompt).to(self.device),
-                                        rest.to(self.device), torch.ones_like(rest).to(self.device),
-                                        temperature=1.0, chunk_size=64).float().cpu()[0]
+            module = LogprobModule(model, forward_path(model, sharded=is_sharded(model)))
+            prompt, rest = prompt.to(self.device), rest.to(self.device)
+            ours = module(prompt, torch.ones_like(prompt), rest, torch.ones_like(rest), temperature=1.0,
+                          chunk_size=64).float().cpu()[0]
         for c in self.clients:
             out = c.call("POST", "/inference/v1/generate", {
                 "token_ids": ids, "model": SERVED_NAME,
@@ -482,29 +488,19 @@ class VLLMServerGenerator:
         limited to limits[i] new tokens, spread over the servers; with temperature > 0 the servers' log-probs of
         the sampled tokens come back as `sampler_logp`."""
         self._check_usable()
-        seeds = prompt_seeds(seeds, len(prompts))
-        limits = prompt_limits(limits, sampling, len(prompts))
-        ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
-        longest = max(len(x) + k for x, k in zip(ids, limits))
-        if longest > self.max_model_len:
-            x, k = max(zip(ids, limits), key=lambda p: len(p[0]) + p[1])
-            raise DataError(f"a prompt of {len(x)} tokens plus {k} new tokens is more than the vLLM servers' "
-                            f"max_model_len={self.max_model_len}; raise vllm.max_model_len (at most the model's "
-                            "max_position_embeddings) or shorten the prompts")
-        greedy = sampling.temperature == 0
+        ids, seeds, limits = prepare_prompts(self.tokenizer, prompts, sampling, seeds, limits,
+                                             add_special_tokens=self.add_special_tokens,
+                                             max_model_len=self.max_model_len, who="the vLLM servers'")
 
         def one(i: int):
-            params = {"n": 1 if greedy else sampling.n, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                      "top_k": sampling.top_k if sampling.top_k > 0 else -1, "max_tokens": limits[i],
-                      "min_tokens": min(sampling.min_new_tokens, limits[i]), "seed": int(seeds[i]) & (2**63 - 1),
-                      "logprobs": None if greedy else 0, "stop_token_ids": self.eos_ids, "detokenize": False}
+            params = sampling_fields(sampling, seeds[i], limits[i], self.eos_ids)
             c = self.clients[(i + self.rank) % len(self.clients)]
             out = c.call("POST", "/inference/v1/generate", {"token_ids": ids[i], "sampling_params": params,
                                                             "model": SERVED_NAME}, what="sample")
             return _request_output(out, c.url, self.version)
 
         outs = list(self._pool.map(one, range(len(ids))))
-        return rows_from_outputs(outs, ids, sampling.n, with_logp=not greedy, tokenizer=self.tokenizer,
+        return rows_from_outputs(outs, ids, sampling.n, with_logp=sampling.temperature > 0, tokenizer=self.tokenizer,
                                  pad_id=self.pad_id, device=self.device, version=self.version)
 
     def close(self) -> None:
@@ -541,11 +537,6 @@ def _exited(proc: subprocess.Popen, wait: float = 5.0) -> bool:
         return True
     except subprocess.TimeoutExpired:
         return False
-
-
-def _plain(value):
-    """A config value as JSON carries it (tuples as lists)."""
-    return json.loads(json.dumps(value, default=str))
 
 
 def _logprob_of(entry, token: int):

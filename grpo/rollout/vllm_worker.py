@@ -14,6 +14,14 @@ SHAPE = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers
          "num_key_value_heads", "vocab_size", "tie_word_embeddings", "model_type")  # what `grpo_hello` answers: the calls below and their arguments, as this grpo makes them
 
 
+def shape_of(config) -> dict:
+    """A transformers config's SHAPE fields (of its text model, for a multimodal one), as JSON carries them."""
+    import json
+
+    text = getattr(config, "get_text_config", lambda: config)()
+    return json.loads(json.dumps({k: getattr(text, k, getattr(config, k, None)) for k in SHAPE}, default=str))
+
+
 class WorkerExtension:
     """Methods of a vLLM worker (`self` is vLLM's `Worker`)."""
 
@@ -22,10 +30,8 @@ class WorkerExtension:
         return VERSION
 
     def grpo_describe(self) -> dict:
-        """The served model's shape: its transformers config's SHAPE fields."""
-        config = self.model_runner.model_config.hf_config
-        text = getattr(config, "get_text_config", lambda: config)()
-        return {k: getattr(text, k, getattr(config, k, None)) for k in SHAPE}
+        """The served model's shape (`shape_of` its transformers config)."""
+        return shape_of(self.model_runner.model_config.hf_config)
 
     def grpo_load_weights(self, path: str) -> str:
         """Replace the model's weights in place with the safetensors files in the directory `path` (the policy's

@@ -15,7 +15,6 @@ import torch
 
 from grpo.config import load_config
 from grpo.models import add_lora, load_model
-from grpo.policy.forward import completion_logprobs
 from grpo.rollout import Sampling
 from grpo.trainer import train
 
@@ -23,12 +22,13 @@ pytest.importorskip("vllm", reason="the vLLM server backend's tests need vLLM: p
 
 from grpo.rollout.vllm_common import EngineError  # noqa: E402
 from grpo.rollout.vllm_server import VLLMServerGenerator, free_port  # noqa: E402
+# float32 on both sides, as the colocated engine: the server's kernels differ from transformers' in the order of
+# summation only (test_vllm's tolerance and its comparison)
+from test_vllm import LOGP_TOLERANCE, _max_diff  # noqa: E402
+from test_vllm_train import _same  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
-# float32 on both sides, as the colocated engine (test_vllm.py): the server's kernels differ from transformers'
-# in the order of summation only
-LOGP_TOLERANCE = 1e-4
 QUIET = ["log.progress=false", "log.trackers=[]", "log.chart=false"]
 SERVE = ["vllm.kv_cache_gib=0.25"]
 
@@ -80,14 +80,6 @@ def _generator(url, policy, tokenizer):
     return VLLMServerGenerator(policy, tokenizer, cfg=cfg)
 
 
-def _max_diff(model, rollout, temperature):
-    with torch.no_grad():
-        ours = completion_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
-                                   rollout.completion_mask, temperature=temperature, chunk_size=64)
-    mask = rollout.completion_mask.bool()
-    return (ours - rollout.sampler_logp)[mask].abs().max().item()
-
-
 def test_after_a_sync_the_servers_log_probs_are_the_trainers(server, tiny):
     url, _ = server
     policy, tokenizer = tiny
@@ -133,15 +125,6 @@ def test_lora_reaches_the_server_merged(server):
         assert _max_diff(policy, r, 1.0) < LOGP_TOLERANCE
     finally:
         gen.close()
-
-
-def _same(a: list[dict], b: list[dict]) -> None:
-    """Every figure but the timings equal, NaN equal to NaN."""
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            assert x[k] == y[k] or (x[k] != x[k] and y[k] != y[k]), (x["step"], k, x[k], y[k])
 
 
 @pytest.mark.slow
