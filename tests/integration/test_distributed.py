@@ -18,17 +18,24 @@ FAST = ["rollout.group_size=4", "train.prompts_per_step=4", "rollout.max_new_tok
         "eval.pass_k=2", "log.progress=false", "log.trackers=[]", "log.chart=false", "train.lr=1e-3",
         "log.samples_every=1", "compute.micro_batch_size=3"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+DEFAULT_JOB = str(Path(__file__).resolve().parents[2] / "grpo" / "configs" / "tiny.yaml")  # what `grpo train` reads
 
 
-def grpo_train(out, model_dir, *extra, nproc=1):
-    args = ["-m", "grpo", "train", f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *extra]
+def grpo_train(out, model_dir, *extra, nproc=1, own_process=False):
+    """`grpo train` of the default job: under torchrun with nproc > 1, else in this process on one thread (in a
+    process of its own with own_process)."""
+    overrides = [f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *extra]
+    if nproc == 1 and not own_process:
+        from grpo import load_config, train
+        train(load_config(DEFAULT_JOB, [*overrides, "compute.threads=1"]))
+        return
+    args = ["-m", "grpo", "train", *overrides]
     if nproc > 1:
         args = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
     else:
         args.append("compute.threads=1")
     r = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=ENV)
     assert r.returncode == 0, r.stderr[-3000:]
-    return r
 
 
 def metrics(out):
@@ -102,7 +109,8 @@ def test_fsdp2_equals_one_process_and_its_checkpoint_loads_in_one(tmp_path, rand
 
 def test_fsdp2_in_one_process_without_torchrun(tmp_path, random_model_dir, one_step):
     # plain `grpo train compute.sharding=fsdp`: a process group of one is made for FSDP2 (it needs one)
-    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "eval.every=1", FULL, "compute.sharding=fsdp")
+    grpo_train(tmp_path / "fsdp", random_model_dir, "train.steps=1", "eval.every=1", FULL, "compute.sharding=fsdp",
+               own_process=True)
     assert_same(one_step, tmp_path / "fsdp", atol=1e-5)
 
 
@@ -120,7 +128,6 @@ def test_a_checkpoint_the_main_process_cannot_write_stops_every_process(tmp_path
     assert r.stderr.count("grpo: error: could not write the checkpoint of step 1") == 2, r.stderr[-3000:]
 
 
-DEFAULT_JOB = str(Path(__file__).resolve().parents[2] / "grpo" / "configs" / "tiny.yaml")  # what `grpo train` reads
 SCRIPT = """
 import sys
 from grpo import load_config, train

@@ -3,8 +3,8 @@ final save), and again and again in one run (at start-up after a resume, in a ch
 checkpoints are deleted), and in the phases new with a vLLM engine (its sampling, its weight sync) and with tools
 (between the turns of multi-turn episodes): `train.resume=auto` always reads what the killed runs left and ends in
 the state of a run that was never killed, bit for bit (metrics, samples, weights). Each killed run is a process of
-its own; the resume that finishes runs in this one. And one run per directory: a second run into a live run's
-directory is refused; once that run is killed, the next one takes the directory over."""
+its own; the uninterrupted run and the resume that finishes run in this one. And one run per directory: a second
+run into a live run's directory is refused; once that run is killed, the next one takes the directory over."""
 import os
 import signal
 import socket
@@ -128,11 +128,7 @@ def grpo_train(model_dir, out, *extra, job=None):
 
 @pytest.fixture(scope="module")
 def straight(random_model_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("faults") / "straight"
-    proc = subprocess.run([sys.executable, "-m", "grpo", *grpo_train(random_model_dir, out)], capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return out
+    return straight_here(tmp_path_factory, random_model_dir)
 
 
 def kill(tmp_path, model_dir, out, phase, step, call, *extra, job=None):

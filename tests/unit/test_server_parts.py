@@ -24,8 +24,10 @@ def test_the_command_a_server_starts_with():
                  f"--kv-cache-memory-bytes {2**29}", "--enforce-eager"):
         assert flag in line, flag
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
-    gpu, _ = serve_command("/m", vllm_cfg=VLLMConfig(), host="::1", port=1, max_model_len=512, device="cuda")
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # on CPU the model runs in the engine's process
+    gpu, gpu_env = serve_command("/m", vllm_cfg=VLLMConfig(), host="::1", port=1, max_model_len=512, device="cuda")
     assert "--gpu-memory-utilization" in gpu and "--no-enable-chunked-prefill" not in gpu
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu_env
 
 
 def test_a_generate_answer_reads_as_vllms_outputs():
