@@ -48,10 +48,10 @@ def test_short_run_raises_held_out_accuracy(one_process_run):
     assert after >= before + 0.10, (before, after)                                    # and held-out accuracy
 
 
-@pytest.mark.slow  # 20-40 steps of a bundled model: about a minute on 2 cores
+@pytest.mark.slow  # 20 steps of a bundled model: about a minute on 2 cores
 def test_process_reward_raises_held_out_accuracy(tmp_path):
     # the shipped process-supervision job, shortened: each worked step is rewarded, accuracy is the last number's
-    result = train(load_config("grpo/configs/tiny_process.yaml", [f"train.output_dir={tmp_path}", *short(25, 400)]))
+    result = train(load_config("grpo/configs/tiny_process.yaml", [f"train.output_dir={tmp_path}", *short(20, 400)]))
     before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert "reward/arithmetic_steps" in rows[1]

@@ -23,13 +23,13 @@ VLLM = ["rollout.backend=vllm", "vllm.kv_cache_gib=0.25"]
 
 @pytest.fixture(scope="module")
 def setup(finished_run):
-    """The tiny-tools model after test_tools_train's 20 steps of the tool job (hf, trained once for the suite), which
+    """The tiny-tools model after test_tools_train's 12 steps of the tool job (hf, trained once for the suite), which
     then calls its calculator greedily, and a vLLM engine holding it."""
     from grpo.rollout.vllm_colocate import VLLMGenerator
 
     from test_tools_train import LEARNS
 
-    out = finished_run("tools-20", *LEARNS)
+    out = finished_run("tools-12", *LEARNS)
     cfg = load_config(JOB, [*VLLM, f"model.path={out / 'model'}"])
     model, tok = load_model(cfg.model)
     engine = VLLMGenerator(model, tok, vllm_cfg=cfg.vllm, seed=0, add_special_tokens=False)
