@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--syncs", type=int, default=5, help="syncs per model; 0 keeps the results file's sync figures")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--prompts", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=1, help="runs of the step comparison per backend; 0 skips it")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of the step comparison per backend; 0 keeps the results file's step figures")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     from grpo.packaged import packaged_model_dir
@@ -77,8 +78,11 @@ def main() -> None:
     result: dict = {"settings": vars(args) | {"out": str(args.out)}, "sync": [], "step": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
+        kept = json.loads(args.out.with_suffix(".json").read_text()) if not (args.syncs and args.repeats) else {}
         if not args.syncs:
-            result["sync"] = json.loads(args.out.with_suffix(".json").read_text())["sync"]
+            result["sync"] = kept["sync"]
+        if not args.repeats:
+            result["step"] = kept.get("step", {})
         for name in ("1m", "smollm2-135m", "500m") if args.syncs else ():
             if name == "smollm2-135m":
                 model_dir = packaged_model_dir("smollm2-135m-instruct")
@@ -102,7 +106,7 @@ def main() -> None:
              "| model | parameters | s / sync | server start, s |", "|---|---:|---:|---:|"]
     for s in result["sync"]:
         lines.append(f"| {s['model']} | {s['parameters'] / 1e6:.1f} M | {s['median']:.2f} | {s['start_seconds']:.0f} |")
-    if args.repeats:
+    if result["step"]:
         lines += step_table(result, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1))
