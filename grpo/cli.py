@@ -156,8 +156,8 @@ def _serve(cfg, args) -> int:
         from grpo.rollout.vllm_common import INSTALL
         raise GRPOError(f"grpo serve needs vLLM, which is not installed; install it with {INSTALL}")
     host, port = cfg.vllm_server.host, cfg.vllm_server.port or 8000
-    if open_host_error(host):
-        raise GRPOError(open_host_error(host))
+    if why := open_host_error(host):
+        raise GRPOError(why)
     model_dir = Path(resolve_model_path(cfg.model.path))
     if not (model_dir / "config.json").is_file():
         raise GRPOError(f"model.path={cfg.model.path}: {model_dir} has no config.json; grpo serve serves a "

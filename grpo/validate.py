@@ -134,8 +134,8 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
             raise ConfigError("rollout.backend=vllm_server with no vllm_server.urls launches vLLM servers here, and "
                               f"vLLM is not installed; install it with {INSTALL}, or give vllm_server.urls")
         from grpo.rollout.vllm_server import open_host_error
-        if not cfg.vllm_server.urls and open_host_error(cfg.vllm_server.host):
-            raise ConfigError(open_host_error(cfg.vllm_server.host))
+        if not cfg.vllm_server.urls and (why := open_host_error(cfg.vllm_server.host)):
+            raise ConfigError(why)
     if cfg.algo.ref_sync_every and not cfg.algo.beta:
         raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
                           "loads none: set algo.beta > 0 or algo.ref_sync_every=0")

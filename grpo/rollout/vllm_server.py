@@ -211,14 +211,14 @@ class Client:
 def launch_servers(count: int, model_dir: Path, *, vllm_cfg, server_cfg, log_dir: Path, dtype: str, seed: int,
                    max_model_len: int, device: str, first_device: int) -> list[Launched]:
     """Start `count` local servers of `model_dir` (on a GPU machine: server i on device first_device + i) and
-    wait until every one answers /health; their logs are `log_dir/vllm-server-<i>.log`. Any failure stops them
+    wait until every one serves it (`wait_healthy`); their logs are `log_dir/vllm-server-<i>.log`. Any failure stops them
     all and raises one line."""
     if importlib.util.find_spec("vllm") is None:
         from grpo.rollout.vllm_common import INSTALL
         raise ConfigError(f"vllm_server.launch needs vLLM installed here, which it is not; install it with {INSTALL}")
     host = server_cfg.host
-    if open_host_error(host):
-        raise ConfigError(open_host_error(host))
+    if why := open_host_error(host):
+        raise ConfigError(why)
     if device == "cuda":
         have = torch.cuda.device_count()
         if first_device + count > have:

@@ -7,11 +7,11 @@ This module runs inside vLLM's worker process: it imports vLLM's and torch's mod
 `grpo.rollout.vllm_common` for what the colocated engine does the same way."""
 from __future__ import annotations
 
-VERSION = "1"
+VERSION = "1"  # what `grpo_hello` answers: the calls below and their arguments, as this grpo makes them
 # the config fields of the served model that the trainer's must equal before it sends its weights (a reload of
 # weights of another shape fails half-way and leaves the server unusable)
 SHAPE = ("architectures", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-         "num_key_value_heads", "vocab_size", "tie_word_embeddings", "model_type")  # what `grpo_hello` answers: the calls below and their arguments, as this grpo makes them
+         "num_key_value_heads", "vocab_size", "tie_word_embeddings", "model_type")
 
 
 def shape_of(config) -> dict:

@@ -25,6 +25,7 @@ from grpo.rollout.vllm_server import VLLMServerGenerator, free_port  # noqa: E40
 # float32 on both sides, as the colocated engine: the server's kernels differ from transformers' in the order of
 # summation only (test_vllm's tolerance and its comparison)
 from test_vllm import LOGP_TOLERANCE, _max_diff  # noqa: E402
+from test_vllm_train import _rows as _all_rows  # noqa: E402 - every figure, perf/* too
 from test_vllm_train import _same  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -137,12 +138,8 @@ def test_the_default_job_on_a_server_it_launches_learns(finished_run):
     assert sum(r["sampling/reward_mean"] for r in rows[-10:]) > sum(r["sampling/reward_mean"] for r in rows[1:11])
     assert rows[-1]["eval/accuracy"] >= rows[0]["eval/accuracy"] + 0.10, (rows[0], rows[-1])
     assert all(0 <= r["mismatch/abs_diff_max"] < 1e-3 and r["mismatch/capped"] == 0 for r in rows[1:])
-    assert all(r["perf/sync_seconds"] > 0 for r in json_rows(out)[1:])  # the weights went to the server each step
+    assert all(r["perf/sync_seconds"] > 0 for r in _all_rows(out)[1:])  # the weights went to the server each step
     assert (out / "vllm-server-0.log").exists() and (out / "model" / "model.safetensors").exists()
-
-
-def json_rows(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
@@ -201,8 +198,9 @@ def test_a_tool_job_on_a_server_it_launches(finished_run, tmp_path):
     rows = _rows(out)
     assert all(r["episode/turns"] >= 1 and r["mismatch/abs_diff_max"] < 1e-3 for r in rows[1:])
     # the multi-turn episodes continue from exact token ids on the server as on the colocated engine
-    _same(rows, _rows(finished_run("vllm-tools-2", *TRAIN_2)))
-    assert (out / "samples.jsonl").read_text() == (finished_run("vllm-tools-2", *TRAIN_2) / "samples.jsonl").read_text()
+    colocated = finished_run("vllm-tools-2", *TRAIN_2)
+    _same(rows, _rows(colocated))
+    assert (out / "samples.jsonl").read_text() == (colocated / "samples.jsonl").read_text()
 
 
 @pytest.mark.slow
