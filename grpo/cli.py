@@ -166,7 +166,8 @@ def _serve(cfg, args) -> int:
                                             .get("max_position_embeddings") or 32768)
     cuda = any(os.path.exists(f"/dev/nvidia{i}") for i in range(8))
     cmd, env = serve_command(str(model_dir), vllm_cfg=cfg.vllm, host=host, port=port, dtype=cfg.model.dtype,
-                             seed=cfg.train.seed, max_model_len=longest, device="cuda" if cuda else "cpu")
+                             seed=cfg.train.seed, max_model_len=longest, device="cuda" if cuda else "cpu",
+                             weight_transfer=cfg.vllm_server.weight_transfer)
     bracket = f"[{host}]" if ":" in host else host
     print(f"grpo serve: vLLM serves {cfg.model.path} at http://{bracket}:{port}; train on it with "
           f"rollout.backend=vllm_server vllm_server.urls=[http://{bracket}:{port}] (Ctrl-C stops it)",

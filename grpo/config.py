@@ -332,9 +332,18 @@ class VLLMServerConfig:
                                  "endpoints allow anyone who reaches them).", resume="free")
     port: int = opt(0, "The first launched server's port (the next ones count up); 0 picks free ports.", ge=0,
                     le=65535, resume="free")
-    weights_dir: str = opt("", "Where the trainer writes the policy's weights for the servers after every step; "
-                               "the servers read it by the same path. Empty: a fresh directory in /dev/shm (or the "
-                               "temporary directory), which servers on this machine read.", resume="free")
+    weight_transfer: Literal["auto", "nccl", "gloo", "file"] = opt(
+        "auto", "How the policy's weights reach the servers after every step. 'nccl': vLLM's NCCL weight-transfer "
+                "engine, a broadcast from the trainer's GPU into the servers' GPUs; 'gloo': the same protocol over "
+                "TCP (grpo's engine in the server: CPU servers); 'file': safetensors written into weights_dir, "
+                "which each server reloads in place (servers that read that path). auto: nccl when the trainer runs "
+                "on a GPU, else gloo, if every server has that engine (grpo serve and launched servers do), else "
+                "file. A server takes the engine it was started with (grpo serve reads this option: auto and file "
+                "start nccl on a GPU and gloo on a CPU).", resume="free")
+    weights_dir: str = opt("", "With weight_transfer=file: where the trainer writes the policy's weights for the "
+                               "servers after every step; the servers read it by the same path. Empty: a fresh "
+                               "directory in /dev/shm (or the temporary directory), which servers on this machine "
+                               "read.", resume="free")
     timeout_s: float = opt(600.0, "Longest a server may take to answer (a batch of rollouts, a weight update) "
                                   "before the run stops with an error instead of hanging.", gt=0, resume="free")
     startup_timeout_s: float = opt(900.0, "Longest launched servers may take to start.", gt=0, resume="free")

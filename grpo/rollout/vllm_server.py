@@ -69,16 +69,28 @@ def vllm_version() -> str:
     return ""
 
 
+def server_engine(weight_transfer: str, device: str) -> str:
+    """The weight-transfer engine a server on `device` starts with for vllm_server.weight_transfer: nccl or
+    grpo_gloo as asked; for auto and file the device's (a server with an engine still reloads from files)."""
+    from grpo.rollout.vllm_transfer import SERVER_BACKEND
+    if weight_transfer in SERVER_BACKEND:
+        return SERVER_BACKEND[weight_transfer]
+    return SERVER_BACKEND["nccl" if device == "cuda" else "gloo"]
+
+
 def serve_command(model_dir: str, *, vllm_cfg, host: str, port: int, dtype: str = "float32", seed: int = 0,
-                  max_model_len: int, device: str = "cpu") -> tuple[list[str], dict[str, str]]:
+                  max_model_len: int, device: str = "cpu", weight_transfer: str = "auto"
+                  ) -> tuple[list[str], dict[str, str]]:
     """The `vllm serve` command line and the environment variables of a server grpo samples from: `model_dir`
     served as SERVED_NAME on host:port, with dev mode, the token-in/token-out endpoint, grpo's worker extension,
-    the processed log-probs, no prefix caching, and (CPU) no chunked prefill; `vllm.*` sizes its cache."""
+    the weight-transfer engine (`server_engine`), the processed log-probs, no prefix caching, and (CPU) no
+    chunked prefill; `vllm.*` sizes its cache."""
     cmd = [sys.executable, "-m", "grpo.rollout.vllm_cli", "serve", str(model_dir), "--host", host,
            "--port", str(port), "--served-model-name", SERVED_NAME, "--dtype", dtype, "--seed", str(seed),
            "--max-model-len", str(max_model_len), "--logprobs-mode", "processed_logprobs", "--enable-scale-out",
            "--worker-extension-cls", EXTENSION, "--no-enable-prefix-caching", "--disable-log-stats",
-           "--disable-uvicorn-access-log"]
+           "--disable-uvicorn-access-log",
+           "--weight-transfer-config", json.dumps({"backend": server_engine(weight_transfer, device)})]
     if vllm_cfg.enforce_eager:
         cmd.append("--enforce-eager")
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
@@ -170,6 +182,7 @@ class Client:
 
     def __init__(self, url: str, timeout: float, api_key: str = "", launched: Launched | None = None):
         self.url, self.timeout, self.api_key, self.launched = url.rstrip("/"), timeout, api_key, launched
+        self.workers = 1  # the server's vLLM workers (tensor, pipeline and data parallel), as it describes them
 
     def call(self, method: str, path: str, body: dict | None = None, *, what: str, timeout: float | None = None,
              params: dict | None = None):
@@ -230,7 +243,8 @@ def launch_servers(count: int, model_dir: Path, *, vllm_cfg, server_cfg, log_dir
         for i in range(count):
             port = server_cfg.port + i if server_cfg.port else free_port(host)
             cmd, env = serve_command(str(model_dir), vllm_cfg=vllm_cfg, host=host, port=port, dtype=dtype,
-                                     seed=seed, max_model_len=max_model_len, device=device)
+                                     seed=seed, max_model_len=max_model_len, device=device,
+                                     weight_transfer=server_cfg.weight_transfer)
             log = log_dir / f"vllm-server-{i}.log"
             log.write_text(f"# {' '.join(cmd)}\n")
             url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
@@ -277,6 +291,8 @@ class VLLMServerGenerator:
         self.device = next(model.parameters()).device
         self.version = 0
         self._broken = ""
+        self.transfer = "file"  # how the weights go: nccl, gloo or file (`_check_shape` decides)
+        self._senders: list = []  # the first process's ends of the weight-transfer groups, one per server
         self.launched: list[Launched] = []
         self._tmp: list[tempfile.TemporaryDirectory] = []
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -385,14 +401,34 @@ class VLLMServerGenerator:
         from grpo.rollout.vllm_common import base_config
         from grpo.rollout.vllm_worker import SHAPE, shape_of
 
+        from grpo.rollout.vllm_transfer import SERVER_BACKEND
+
         ours = shape_of(base_config(model))
+        engines = []
         for c in self.clients:
-            theirs = (c.call("POST", "/collective_rpc", {"method": "grpo_describe"},
-                             what="describe its model") or {}).get("results", [None])[0] or {}
+            results = (c.call("POST", "/collective_rpc", {"method": "grpo_describe"},
+                              what="describe its model") or {}).get("results") or [None]
+            theirs = results[0] or {}
             differ = [f"{k} {theirs.get(k)!r} there, {ours[k]!r} here" for k in SHAPE if theirs.get(k) != ours[k]]
             if differ:
                 raise EngineError(f"the vLLM server at {c.url} serves another model than model.path: "
                                   + "; ".join(differ[:3]))
+            engines.append(theirs.get("weight_transfer"))
+            c.workers = len(results)
+        asked = self.cfg.weight_transfer
+        if asked == "auto":
+            wanted = "nccl" if self.device.type == "cuda" else "gloo"
+            self.transfer = wanted if all(e == SERVER_BACKEND[wanted] for e in engines) else "file"
+        elif asked in SERVER_BACKEND:
+            for c, e in zip(self.clients, engines):
+                if e != SERVER_BACKEND[asked]:
+                    raise EngineError(f"vllm_server.weight_transfer={asked} needs servers started with the "
+                                      f"{SERVER_BACKEND[asked]} weight-transfer engine, and the one at {c.url} has "
+                                      f"{'none' if e is None else e}; start it with grpo serve "
+                                      f"vllm_server.weight_transfer={asked}")
+            self.transfer = asked
+        else:
+            self.transfer = "file"
 
     def _probe(self, model) -> None:
         """After the first weight push: a server's log-probs of a probe sequence are the trainer's, or it serves
@@ -456,6 +492,43 @@ class VLLMServerGenerator:
         self.version = version
 
     def _push(self, weights, version: int) -> None:
+        if self.transfer == "file":
+            self._push_file(weights, version)
+        else:
+            self._push_engine(weights, version)
+
+    def _push_engine(self, weights, version: int) -> None:
+        """Through vLLM's weight-transfer protocol (`grpo.rollout.vllm_transfer`): every server paused, its
+        workers receiving the broadcast, its prefix cache reset, its weight version set, resumed."""
+        from grpo.rollout.vllm_transfer import open_sender
+
+        pairs = [(n, t.contiguous()) for n, t in weights]  # gathered (FSDP2) and merged (LoRA) once for all
+
+        def push(i: int) -> None:
+            c = self.clients[i]
+            c.call("POST", "/pause", params={"mode": "wait"}, what="pause for new weights")
+            try:
+                if self._senders[i] is None:  # the first sync: the server's workers join the trainer's group
+                    self._senders[i] = open_sender(self.transfer, c, c.workers, urllib.parse.urlsplit(c.url).hostname,
+                                                   self.cfg.timeout_s)
+                self._senders[i].send(pairs)
+                c.call("POST", "/reset_prefix_cache", what="reset its prefix cache")
+                c.call("POST", "/update_weight_version", {"new_version": str(version)}, what="take a weight version")
+            except Exception as e:
+                if not isinstance(e, EngineError):
+                    e = EngineError(f"the weights could not reach the vLLM server at {c.url} ({self.transfer}): "
+                                    f"{first_line(e)}")
+                self._broken = f"a server's weights are in an unknown state after a failed update ({e})"
+                raise e from None
+            finally:
+                c.call("POST", "/resume", what="resume after new weights")
+
+        self._senders = self._senders or [None] * len(self.clients)
+        for f in [self._pool.submit(push, i) for i in range(len(self.clients))]:
+            f.result()
+
+    def _push_file(self, weights, version: int) -> None:
+        """Through a file: safetensors in weights_dir, which every server (paused) reloads in place."""
         from safetensors.torch import save_file
 
         target = self.weights_dir / f"v{version:08d}"
@@ -509,6 +582,10 @@ class VLLMServerGenerator:
 
     def close(self) -> None:
         """Stop the servers grpo launched and remove the weights it wrote (idempotent)."""
+        for sender in getattr(self, "_senders", []):
+            if sender is not None:
+                sender.close()
+        self._senders = []
         for s in self.launched:
             s.stop()
         self.launched = []

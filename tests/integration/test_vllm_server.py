@@ -76,17 +76,21 @@ def tiny():
     return load_model(load_config(None, ["model.path=tiny"]).model)
 
 
-def _generator(url, policy, tokenizer):
-    cfg = load_config(None, ["model.path=tiny", "rollout.backend=vllm_server", f"vllm_server.urls=[{url}]"])
+def _generator(url, policy, tokenizer, *extra):
+    cfg = load_config(None, ["model.path=tiny", "rollout.backend=vllm_server", f"vllm_server.urls=[{url}]", *extra])
     return VLLMServerGenerator(policy, tokenizer, cfg=cfg)
 
 
-def test_after_a_sync_the_servers_log_probs_are_the_trainers(server, tiny):
+# both routes of the weights on a CPU: vLLM's weight-transfer protocol with grpo's gloo engine (auto's choice
+# here), and safetensors reloaded in place
+@pytest.mark.parametrize("transfer", ["auto", "file"])
+def test_after_a_sync_the_servers_log_probs_are_the_trainers(server, tiny, transfer):
     url, _ = server
     policy, tokenizer = tiny
     model = policy
-    gen = _generator(url, model, tokenizer)
+    gen = _generator(url, model, tokenizer, f"vllm_server.weight_transfer={transfer}")
     try:
+        assert gen.transfer == {"auto": "gloo", "file": "file"}[transfer]
         s = Sampling(n=4, max_new_tokens=12, temperature=1.0)
         first = gen.generate(["12+7=", "3*4-5="], s, seeds=[1, 2])
         assert gen.version == 0 and first.version.tolist() == [0] * 8
@@ -242,6 +246,14 @@ def test_a_server_of_another_model_is_refused(server, random_model_dir):
     # refused before any weight was sent: the server still serves the module's tests
     gen = _generator(url, *load_model(load_config(None, ["model.path=tiny"]).model))
     gen.close()
+
+
+def test_a_weight_transfer_the_server_was_not_started_with_is_refused(server, tiny):
+    url, _ = server  # a CPU server: grpo serve started it with grpo's gloo engine
+    with pytest.raises(EngineError, match=f"vllm_server.weight_transfer=nccl needs servers started with the nccl "
+                                          f"weight-transfer engine, and the one at {url} has grpo_gloo; start it "
+                                          "with grpo serve vllm_server.weight_transfer=nccl"):
+        _generator(url, *tiny, "vllm_server.weight_transfer=nccl")
 
 
 def test_a_server_that_cannot_start_is_one_line_with_its_own_error(tmp_path, server):

@@ -25,9 +25,16 @@ def test_the_command_a_server_starts_with():
         assert flag in line, flag
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # on CPU the model runs in the engine's process
+    assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "grpo_gloo"}'  # grpo's engine on a CPU
     gpu, gpu_env = serve_command("/m", vllm_cfg=VLLMConfig(), host="::1", port=1, max_model_len=512, device="cuda")
     assert "--gpu-memory-utilization" in gpu and "--no-enable-chunked-prefill" not in gpu
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu_env
+    assert gpu[gpu.index("--weight-transfer-config") + 1] == '{"backend": "nccl"}'  # vLLM's own on a GPU
+    for asked, device, engine in [("gloo", "cuda", "grpo_gloo"), ("nccl", "cpu", "nccl"), ("file", "cpu", "grpo_gloo"),
+                                  ("file", "cuda", "nccl")]:
+        c, _ = serve_command("/m", vllm_cfg=VLLMConfig(), host="::1", port=1, max_model_len=512, device=device,
+                             weight_transfer=asked)
+        assert c[c.index("--weight-transfer-config") + 1] == f'{{"backend": "{engine}"}}', (asked, device)
 
 
 def test_a_generate_answer_reads_as_vllms_outputs():
