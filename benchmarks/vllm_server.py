@@ -1,12 +1,15 @@
-"""The vLLM server backend on this machine (rollout.backend=vllm_server, the file route for weights):
+"""The vLLM server backend on this machine (rollout.backend=vllm_server):
 
-1. seconds per weight sync (the trainer writes the safetensors, the server pauses, reloads in place, resumes)
-   for the bundled model's shape (1 M), SmolLM2-135M and Qwen2-0.5B's shape (494 M, random), the median of
-   --syncs syncs on one local server;
+1. seconds per weight sync for the bundled model's shape (1 M), SmolLM2-135M and Qwen2-0.5B's shape (494 M,
+   random), on one local server, through both CPU routes in turn: vLLM's weight-transfer protocol with grpo's
+   gloo engine (vllm_server.weight_transfer=gloo: pause, a broadcast the server loads layer by layer, resume)
+   and the file route (weight_transfer=file: the trainer writes safetensors to /dev/shm, the server reloads
+   them in place); medians of --syncs syncs each, the routes alternating;
 2. one whole training step of the SmolLM2 job (smollm2_stories in float32: bf16 is emulated on this CPU),
-   colocated (rollout.backend=vllm) against a launched server (vllm_server), the backends alternating
-   --repeats times: medians of steps 2..N of seconds per step, collecting (sampling and scoring) and weight sync.
-   With a server the trainer process waits during sampling and the sync: its idle share is their share.
+   colocated (rollout.backend=vllm) against a launched server (vllm_server, weight_transfer auto: gloo), the
+   backends alternating --repeats times: medians of steps 2..N of seconds per step, collecting (sampling and
+   scoring) and weight sync. With a server the trainer process waits during sampling and the sync: its idle
+   share is their share.
 
     python benchmarks/vllm_server.py    # writes benchmarks/results/vllm_server.{json,md}
 """
@@ -35,26 +38,34 @@ def sync_seconds(name: str, model_dir: Path, syncs: int, tmp: Path) -> dict:
     from grpo.models import load_model
     from grpo.rollout.vllm_server import VLLMServerGenerator
 
-    cfg = load_config(None, [f"model.path={model_dir}", "rollout.backend=vllm_server", "vllm.kv_cache_gib=1",
-                             "vllm.max_model_len=512", "vllm_server.launch=1"])
-    model, tok = load_model(cfg.model)
+    common = [f"model.path={model_dir}", "rollout.backend=vllm_server", "vllm.kv_cache_gib=1", "vllm.max_model_len=512"]
+    model, tok = load_model(load_config(None, common).model)
     started = time.perf_counter()
-    gen = VLLMServerGenerator(model, tok, cfg=cfg, run_dir=tmp / f"logs-{name}")
+    gloo = VLLMServerGenerator(model, tok, cfg=load_config(None, [*common, "vllm_server.launch=1",
+                                                                "vllm_server.weight_transfer=gloo"]),
+                               run_dir=tmp / f"logs-{name}")
     start_s = time.perf_counter() - started
+    file = None
     try:
-        times = []
-        for _ in range(syncs):
+        file = VLLMServerGenerator(model, tok, cfg=load_config(None, [
+            *common, f"vllm_server.urls=[{gloo.clients[0].url}]", "vllm_server.weight_transfer=file"]))
+        assert (gloo.transfer, file.transfer) == ("gloo", "file")
+        times: dict[str, list[float]] = {"gloo": [], "file": []}
+        for i in range(2 * syncs):
             with torch.no_grad():  # new weights each time, as after a step
                 for p in model.parameters():
                     p.mul_(1.0001)
+            gen = (gloo, file)[i % 2]
             t = time.perf_counter()
             gen.sync_weights(model)
-            times.append(time.perf_counter() - t)
+            times[gen.transfer].append(time.perf_counter() - t)
     finally:
-        gen.close()
+        if file is not None:
+            file.close()
+        gloo.close()
     params = sum(p.numel() for p in model.parameters())
     return {"model": name, "parameters": params, "start_seconds": start_s, "syncs": times,
-            "median": statistics.median(times)}
+            "median": {k: statistics.median(v) for k, v in times.items()}}
 
 
 def step_job(out: Path, backend: str, args) -> list[str]:
@@ -75,7 +86,7 @@ def main() -> None:
     args = ap.parse_args()
     from grpo.packaged import packaged_model_dir
 
-    result: dict = {"settings": vars(args) | {"out": str(args.out)}, "sync": [], "step": {}}
+    result: dict = {"settings": {k: v for k, v in vars(args).items() if k != "out"}, "sync": [], "step": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         kept = json.loads(args.out.with_suffix(".json").read_text()) if not (args.syncs and args.repeats) else {}
@@ -101,11 +112,15 @@ def main() -> None:
         if args.repeats:
             result["step"] = {"runs": runs, "median": {b: {k: statistics.median(r[k] for r in v) for k in v[0]}
                                                        for b, v in runs.items()}}
-    lines = ["Seconds per weight sync to one local server (file route; the trainer writes safetensors to /dev/shm, the "
-             f"server reloads in place), median of {len(result['sync'][0]['syncs'])}:", "",
-             "| model | parameters | s / sync | server start, s |", "|---|---:|---:|---:|"]
+    lines = ["Seconds per weight sync to one local server, the routes alternating, medians of "
+             f"{len(result['sync'][0]['syncs']['gloo'])} each (gloo: vLLM's weight-transfer protocol with grpo's gloo "
+             "engine; file: safetensors in /dev/shm reloaded in place):", "",
+             "| model | parameters | s / sync, gloo | s / sync, file | file / gloo | server start, s |",
+             "|---|---:|---:|---:|---:|---:|"]
     for s in result["sync"]:
-        lines.append(f"| {s['model']} | {s['parameters'] / 1e6:.1f} M | {s['median']:.2f} | {s['start_seconds']:.0f} |")
+        m = s["median"]
+        lines.append(f"| {s['model']} | {s['parameters'] / 1e6:.1f} M | {m['gloo']:.2f} | {m['file']:.2f} | "
+                     f"{m['file'] / m['gloo']:.2f} | {s['start_seconds']:.0f} |")
     if result["step"]:
         lines += step_table(result, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
