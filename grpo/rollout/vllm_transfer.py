@@ -126,7 +126,8 @@ class GlooSender:
                 received = pool.submit(self.client.call, "POST", "/update_weights", {"update_info": info},
                                        what="receive the trainer's weights")
                 for run in buckets(metas, BUCKET_BYTES):
-                    flat = torch.cat([weights[i][1].detach().reshape(-1).cpu() for i in run])
+                    parts = [weights[i][1].detach().reshape(-1).cpu() for i in run]
+                    flat = parts[0] if len(parts) == 1 else torch.cat(parts)  # one tensor: itself, no copy
                     _broadcast_wait(self.group.broadcast(flat, 0), received, deadline, self.client.url)
                 received.result()
         except BaseException:
