@@ -337,9 +337,9 @@ class VLLMServerConfig:
                 "engine, a broadcast from the trainer's GPU into the servers' GPUs; 'gloo': the same protocol over "
                 "TCP (grpo's engine in the server: CPU servers); 'file': safetensors written into weights_dir, "
                 "which each server reloads in place (servers that read that path). auto: nccl when the trainer runs "
-                "on a GPU, else gloo, if every server has that engine (grpo serve and launched servers do), else "
-                "file. A server takes the engine it was started with (grpo serve reads this option: auto and file "
-                "start nccl on a GPU and gloo on a CPU).", resume="free")
+                "on a GPU with vLLM installed, else gloo, if every server has that engine (grpo serve and launched "
+                "servers do), else file. A server takes the engine it was started with (grpo serve reads this "
+                "option: auto and file start nccl on a GPU and gloo on a CPU).", resume="free")
     weights_dir: str = opt("", "With weight_transfer=file: where the trainer writes the policy's weights for the "
                                "servers after every step; the servers read it by the same path. Empty: a fresh "
                                "directory in /dev/shm (or the temporary directory), which servers on this machine "

@@ -1,7 +1,8 @@
 """The vLLM server rollout backend (`rollout.backend=vllm_server`): generation on `vllm serve` processes, which
 grpo either launches for the run (`vllm_server.launch`) or finds running (`vllm_server.urls`, started with
 `grpo serve`). Everything goes through vLLM's own server and endpoints; grpo adds a worker extension
-(`grpo.rollout.vllm_worker`) for the weight reload. What it needs of a server (`serve_command` gives it):
+(`grpo.rollout.vllm_worker`) for the weight reload and its gloo weight-transfer engine. What it needs of a
+server (`serve_command` gives it):
 
 - **token in, token out**: prompts go out as token ids to `/inference/v1/generate` (`--enable-scale-out`), n
   completions a request, seeded with the prompt's seed; the token ids come back with the log-probs of the
@@ -9,11 +10,12 @@ grpo either launches for the run (`vllm_server.launch`) or finds running (`vllm_
   the colocated engine's do (SPEC 13.1). The i-th prompt of a call goes to server (i + rank) mod the number of
   servers, so that the processes of a torchrun job share them.
 - **weights after every step**: the trainer (its first process; every process takes part in an FSDP2 gather)
-  writes the policy's weights (LoRA merged, FSDP2 gathered) as safetensors into `vllm_server.weights_dir`,
-  then on every server: `/pause` (in-flight requests finish first), `/collective_rpc grpo_load_weights`
-  (vLLM's in-place `reload_weights` from that directory), `/reset_prefix_cache`, `/update_weight_version` (so
-  every completion reports the weights that sampled it), `/resume`. These endpoints exist in dev mode only
-  (`VLLM_SERVER_DEV_MODE=1`).
+  exports the policy's weights (LoRA merged, FSDP2 gathered), then on every server: `/pause` (in-flight
+  requests finish first), the weights, `/reset_prefix_cache`, `/update_weight_version` (so every completion
+  reports the weights that sampled it), `/resume`. The weights go by `vllm_server.weight_transfer`: through
+  vLLM's weight-transfer protocol (nccl, or gloo with grpo's engine: `grpo.rollout.vllm_transfer`), or as
+  safetensors in `vllm_server.weights_dir` that each server reloads in place (`/collective_rpc
+  grpo_load_weights`, vLLM's `reload_weights`). These endpoints exist in dev mode only (`VLLM_SERVER_DEV_MODE=1`).
 - **the same model**: on connecting, a server's vLLM version must be the trainer's, the server must run grpo's
   extension, and after the first weight push its log-probs of a probe sequence must be the trainer's (a server
   that serves another architecture fails the reload or the probe).
@@ -417,7 +419,8 @@ class VLLMServerGenerator:
             c.workers = len(results)
         asked = self.cfg.weight_transfer
         if asked == "auto":
-            wanted = "nccl" if self.device.type == "cuda" else "gloo"
+            # vLLM's NCCL trainer engine runs in this process: nccl needs vLLM here as well as a GPU
+            wanted = "nccl" if self.device.type == "cuda" and importlib.util.find_spec("vllm") else "gloo"
             self.transfer = wanted if all(e == SERVER_BACKEND[wanted] for e in engines) else "file"
         elif asked in SERVER_BACKEND:
             for c, e in zip(self.clients, engines):
