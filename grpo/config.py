@@ -172,8 +172,9 @@ class RolloutConfig:
 class AlgoConfig:
     preset: Literal[tuple(PRESETS)] = opt(  # the names in grpo.algo.presets.PRESETS
         "grpo", "Named algorithm (see docs/objective.md); sets the fields below, each of which can still be set.")
-    scale: Literal["group", "batch", "none", "rloo"] = opt(
-        "group", "Advantage scaling: group std (GRPO), batch std (Lite PPO), none (Dr. GRPO), leave-one-out (RLOO).")
+    scale: Literal["group", "batch", "none", "rloo", "maxrl"] = opt(
+        "group", "Advantage scaling: group std (GRPO), batch std (Lite PPO), none (Dr. GRPO), leave-one-out (RLOO), "
+                 "÷ the group's mean reward (MaxRL: rewards in [0, 1]; no eps, no batch normalisation).")
     std: Literal["sample", "population"] = opt("sample", "Std estimator for the advantages: ÷(n−1) or ÷n.")
     eps: float = opt(1e-4, "Added to the std before dividing.", ge=0)
     beta: float = opt(0.04, "KL coefficient; 0 loads no reference model.", ge=0)
@@ -182,10 +183,11 @@ class AlgoConfig:
                                "1 leaves no lower bound).", ge=0, le=1)
     clip_high: float = opt(0.2, "ε_high: the ratio is clipped above at 1 + clip_high (CISPO: its importance "
                                 "weight).", ge=0)
-    surrogate: Literal["clip", "cispo", "sapo"] = opt(
+    surrogate: Literal["clip", "cispo", "sapo", "dppo_tv", "dppo_kl"] = opt(
         "clip", "The policy term per token: PPO's clipped surrogate (clip), CISPO's REINFORCE with a clipped, "
-                "detached importance weight (cispo, MiniMax-M1), or SAPO's soft gate (sapo, Qwen); "
-                "docs/objective.md.")
+                "detached importance weight (cispo, MiniMax-M1), SAPO's soft gate (sapo, Qwen), or DPPO's "
+                "REINFORCE on the tokens whose probability has not moved too far from the old policy's, by binary "
+                "total variation (dppo_tv) or binary KL (dppo_kl; arXiv 2602.04879); docs/objective.md.")
     dual_clip: float = opt(0.0, "c of dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, 3 there): a token with "
                                 "Â < 0 and r > c has loss c·|Â| and no gradient; 0 turns it off, else more than 1. "
                                 "Only with surrogate=clip.", ge=0)
@@ -203,6 +205,17 @@ class AlgoConfig:
     sapo_tau_pos: float = opt(1.0, "SAPO's gate temperature τ for tokens with Â > 0.", gt=0)
     sapo_tau_neg: float = opt(1.05, "SAPO's gate temperature τ for tokens with Â ≤ 0 (higher: their updates decay "
                                     "faster away from r = 1).", gt=0)
+    dppo_tv_low: float = opt(0.2, "δ_low of DPPO's binary-TV mask (surrogate=dppo_tv): a token with Â < 0 whose "
+                                  "probability fell by more than this since the old policy is masked (prime-rl's "
+                                  "0.2).", ge=0)
+    dppo_tv_high: float = opt(0.2, "δ_high of DPPO's binary-TV mask: a token with Â > 0 whose probability rose by "
+                                   "more than this is masked (prime-rl's 0.2).", ge=0)
+    dppo_kl_low: float = opt(0.05, "δ_low of DPPO's binary-KL mask (surrogate=dppo_kl): a token with Â < 0 whose "
+                                   "probability fell, at a binary KL above this, is masked (verl's 0.05).", ge=0)
+    dppo_kl_high: float = opt(0.05, "δ_high of DPPO's binary-KL mask: the same for Â > 0 and a probability that "
+                                    "rose (verl's 0.05).", ge=0)
+    dppo_cap: float = opt(0.0, "C of DPPO's detached importance weight min(r, C) (verl's clip_ratio_c, 3 there); "
+                               "0: no truncation, as prime-rl.", ge=0)
     ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token, or per sequence (GSPO).")
     aggregation: Literal["seq_mean", "token_mean", "constant"] = opt(
         "seq_mean", "Loss normaliser: per-sequence token mean (GRPO), step-wide token mean (DAPO), or "

@@ -142,6 +142,10 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.algo.dual_clip and not cfg.algo.dual_clip > 1:
         raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} must be more than 1 (the surrogate of a token with "
                           "Â < 0 is bounded at c·Â, c > 1), or 0 to turn it off")
+    if cfg.algo.surrogate.startswith("dppo") and cfg.algo.ratio_level != "token":
+        raise ConfigError(f"algo.surrogate={cfg.algo.surrogate} masks tokens by their own probabilities, and "
+                          f"algo.ratio_level={cfg.algo.ratio_level} gives one ratio per sequence: set "
+                          "algo.ratio_level=token")
     if cfg.algo.dual_clip and cfg.algo.surrogate != "clip":
         raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} bounds PPO's clipped surrogate; algo.surrogate="
                           f"{cfg.algo.surrogate} has none: set algo.dual_clip=0 or algo.surrogate=clip")

@@ -1,5 +1,6 @@
 """Advantages from rewards: group-standardised (GRPO), centred only (Dr. GRPO), batch-std (Lite PPO),
-leave-one-out (RLOO) and process supervision (SPEC sections 1.2, 1.3, 2, 8).
+leave-one-out (RLOO), divided by the group mean (MaxRL) and process supervision (SPEC sections 1.2, 1.3, 2, 8,
+14.3).
 
 Rewards are laid out group by group: the G completions of one prompt are consecutive. A reward of NaN
 means "no reward function applied to this completion": it is left out of its group's statistics and
@@ -90,6 +91,26 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return adv.reshape(-1).to(_out_dtype(rewards))
 
 
+def maxrl_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """MaxRL's advantages (SPEC 14.3): (r_i − r̄)/r̄ with r̄ the group's mean reward, for rewards in [0, 1] (a
+    success rate); a group with r̄ = 0, or whose rewards are all equal, gets 0. No ε, and no batch
+    normalisation after it (which would undo the 1/r̄ weighting of hard prompts).
+
+    Example: G = 4, [1, 0, 0, 0] → [3, −1, −1, −1]; [1, 1, 1, 0] → [⅓, ⅓, ⅓, −1]; [1, 1, 0, 0] → [1, 1, −1, −1];
+    [0, 0, 0, 0] → 0. NaN rewards are left out of r̄ and get 0.
+    """
+    g = _grouped(rewards, group_size)
+    centred, valid, mean = _group_centre(g)
+    outside = valid & ((g < 0) | (g > 1))
+    if outside.any():
+        from grpo.errors import DataError  # a reward function's output, not a caller's mistake: one line
+        raise DataError(f"algo.scale=maxrl needs every reward in [0, 1] (MaxRL divides by the group's mean "
+                        f"reward, a success rate), and a completion's reward is {g[outside][0].item():g}; use "
+                        "rewards in [0, 1] or another algo.scale")
+    adv = torch.where(mean > 0, centred / mean.clamp(min=torch.finfo(g.dtype).tiny), torch.zeros_like(centred))
+    return adv.reshape(-1).to(_out_dtype(rewards))
+
+
 def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, group_size: int, num_tokens: int,
                        spec: AdvantageSpec) -> torch.Tensor:
     """Process-supervision advantages (DeepSeekMath §4.1.3, SPEC 1.3), per token: (N, K), (N, K) → (N, T).
@@ -162,6 +183,7 @@ ADVANTAGES = {
     "batch": group_advantages,
     "none": group_advantages,
     "rloo": lambda rewards, group_size, spec: rloo_advantages(rewards, group_size),  # std and eps do not apply
+    "maxrl": lambda rewards, group_size, spec: maxrl_advantages(rewards, group_size),  # nor here
 }
 
 

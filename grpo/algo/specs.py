@@ -37,7 +37,7 @@ def _at_least(name: str, value, low: float, *, strict: bool = False) -> None:
 class AdvantageSpec:
     """How rewards become advantages, and which groups a step keeps (SPEC 1.2, 1.3, 2, 13.8)."""
 
-    scale: str               # "group", "batch", "none" or "rloo" (`grpo.algo.compute_advantages`)
+    scale: str               # a key of `ADVANTAGES` (`grpo.algo.compute_advantages`)
     std: str                 # "sample" or "population"
     eps: float               # added to the std before dividing
     mask_truncated: bool     # truncated completions leave the loss (they still count in the group statistics)
@@ -68,6 +68,11 @@ class LossSpec:
     dual_clip: float                 # c > 1 of dual-clip PPO (surrogate "clip" only); 0: off
     sapo_tau_pos: float              # SAPO's τ for Â > 0
     sapo_tau_neg: float              # SAPO's τ for Â ≤ 0
+    dppo_tv_low: float               # δ_low of DPPO's binary-TV mask
+    dppo_tv_high: float              # δ_high
+    dppo_kl_low: float               # δ_low of DPPO's binary-KL mask
+    dppo_kl_high: float              # δ_high
+    dppo_cap: float                  # C of DPPO's importance weight min(r, C); 0: none
     ratio_level: str                 # `RATIO_LEVELS`: per token, or GSPO's per sequence
     aggregation: str                 # `AGGREGATIONS`: how the token terms are summed and normalised
     num_iterations: int              # μ: updates per batch of rollouts
@@ -94,6 +99,11 @@ class LossSpec:
         if not (self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0):
             raise ValueError(f"sapo_tau_pos and sapo_tau_neg must be > 0, got {self.sapo_tau_pos!r}, "
                              f"{self.sapo_tau_neg!r}")
+        for name in ("dppo_tv_low", "dppo_tv_high", "dppo_kl_low", "dppo_kl_high", "dppo_cap"):
+            _at_least(name, getattr(self, name), 0)
+        if self.surrogate.startswith("dppo") and self.ratio_level != "token":
+            raise ValueError(f"surrogate={self.surrogate!r} masks tokens by their own probabilities; it needs "
+                             f"ratio_level='token', got {self.ratio_level!r}")
         check_positive_int("num_iterations", self.num_iterations)
         if not 0 < self.top_entropy_quantile <= 1:
             raise ValueError(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile!r}")

@@ -141,3 +141,48 @@ def test_informative_groups_are_those_whose_rewards_differ():
     # 0.2,0.9,0.4,0.4 kept; a group with one valid reward dropped
     assert informative_groups(r, 4).tolist() == [True, False, False, True, False]
     assert informative_groups(torch.tensor([-1, -1, -1.25, -1]), 4).tolist() == [True]  # a shaped reward
+
+
+# ---- MaxRL (SPEC 14.3)
+
+def test_maxrl_spec_table():
+    from grpo.algo.advantages import maxrl_advantages
+    close(maxrl_advantages(t(1, 0, 0, 0), 4), [3, -1, -1, -1])
+    close(maxrl_advantages(t(1, 1, 1, 0), 4), [1 / 3, 1 / 3, 1 / 3, -1])
+    close(maxrl_advantages(t(1, 1, 0, 0), 4), [1, 1, -1, -1])
+    assert torch.equal(maxrl_advantages(t(0, 0, 0, 0, 1, 1, 1, 1), 4), torch.zeros(8, dtype=torch.float64))
+    close(maxrl_advantages(t(1, float("nan"), 0, 0), 4), [2, 0, -1, -1])  # no reward: out of r̄, and 0
+    assert torch.equal(maxrl_advantages(t(1, 0.5), 1), torch.zeros(2, dtype=torch.float64))  # a group of one
+    # through the spec, as the trainer calls it: std and eps do not apply
+    close(compute_advantages(t(1, 0, 0, 0), 4, spec(scale="maxrl", eps=0.5)), [3, -1, -1, -1])
+
+
+def test_maxrl_gradient_and_its_expectation_by_enumeration():
+    # SPEC 14.3: the one-token categorical of §6, z = (0.5, 0, -0.5); a0 is correct; the group samples a0, a1, a1, a2
+    from itertools import product
+
+    from grpo.algo.advantages import maxrl_advantages
+    z = torch.tensor([0.5, 0.0, -0.5], dtype=torch.float64, requires_grad=True)
+    logp = torch.log_softmax(z, 0)
+    sampled = [0, 1, 1, 2]
+    adv = maxrl_advantages(t(*[float(a == 0) for a in sampled]), 4)
+    (-(adv * logp[sampled]).mean()).backward()
+    close(z.grad, [-0.75, 0.5, 0.25])
+    # the exact expectation of the ascent direction over all 3^4 groups is ∇J_3 = (1 − (1 − p)^3)/p ∇p
+    pi = torch.softmax(z.detach(), 0)
+    p, grad_p = pi[0], pi[0] * (torch.eye(3, dtype=torch.float64)[0] - pi)
+    expect = torch.zeros(3, dtype=torch.float64)
+    for group in product(range(3), repeat=4):
+        a = maxrl_advantages(t(*[float(x == 0) for x in group]), 4)
+        scores = torch.stack([torch.eye(3, dtype=torch.float64)[x] - pi for x in group])
+        expect += torch.prod(pi[list(group)]) * (a.unsqueeze(1) * scores).mean(0)
+    close(expect, [0.434197, -0.270270, -0.163927])
+    close(expect, (1 - (1 - p) ** 3) / p * grad_p)
+
+
+def test_maxrl_refuses_rewards_outside_0_1_in_one_line():
+    from grpo.algo.advantages import maxrl_advantages
+    from grpo.errors import DataError
+    with pytest.raises(DataError, match=r"algo.scale=maxrl needs every reward in \[0, 1\] .* a completion's reward "
+                                        r"is 2.5; use rewards in \[0, 1\] or another algo.scale"):
+        maxrl_advantages(t(1, 2.5, 0, 0), 4)

@@ -386,3 +386,15 @@ def test_at_the_cap_the_processes_share_the_informative_groups_equally():
     four, _ = collect_on(4, flat, 2)
     assert all(len(p) == 0 and p.stats["sampling/groups_trained"] == 0 for p in four)
     assert all(p.stats == {**one.stats, "sampling/groups_trained": 0} for p in four)
+
+
+def test_maxrl_advantages_reach_the_experience():
+    # SPEC 14.3 through the config and a real collect: groups [1, 0] and [0, 1] of the scripted episodes; MaxRL
+    # divides r − r̄ by r̄ = 0.5 (±1), where GRPO's std without eps gives ±0.707107
+    from grpo.config import load_config
+    algo = load_config(None, ["algo.scale=maxrl"]).algo
+    episodes = Scripted({"p0": ["so 1", "so 22"], "p1": ["it is 3", "1"]})
+    exp = collect(collector(episodes, [("last_number", last_number)], scale=AdvantageSpec.from_algo(algo).scale),
+                  stream(["p0", "p1"]), Dist())
+    assert exp.rewards.tolist() in ([1, 0, 0, 1], [0, 1, 1, 0])  # the groups in the stream's order
+    assert exp.advantages[:, 0].tolist() == ((exp.rewards - 0.5) / 0.5).tolist()

@@ -57,6 +57,25 @@ def test_cispo_on_policy_has_the_dapo_gradient_and_a_value_that_scales_with_the_
     assert cispo[0]["loss/policy"] == pytest.approx(predicted.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("surrogate", ["dppo_tv", "dppo_kl"])
+def test_dppo_on_policy_has_the_dapo_gradient_and_masks_in_the_second_update(setup, surrogate):
+    exp, model = setup
+    dapo, w_dapo = run(model, exp, aggregation="token_mean")
+    dppo, w_dppo = run(model, exp, aggregation="token_mean", surrogate=surrogate)
+    assert torch.allclose(w_dapo, w_dppo, atol=1e-6)  # at r = 1 (p = q) nothing is masked and the weight is 1
+    assert dppo[0]["clip/frac"] == 0
+    with torch.no_grad():
+        logp = LogprobModule(model)(exp.prompt_ids, exp.prompt_mask, exp.completion_ids, exp.completion_mask,
+                                    temperature=1.0, chunk_size=8).double()
+    m = exp.loss_mask.double()
+    assert dppo[0]["loss/policy"] == pytest.approx((-(exp.advantages.double() * logp * m).sum() / m.sum()).item(),
+                                                   rel=1e-5)  # verl's value: −Â·ℓ on policy
+    # a large first step moves the probabilities: in the second update of the batch the mask binds
+    moved, _ = run(model, exp, lr=30.0, mu=2, aggregation="token_mean", surrogate=surrogate, dppo_tv_low=0.01,
+                   dppo_tv_high=0.01, dppo_kl_low=0.001, dppo_kl_high=0.001)
+    assert moved[0]["clip/frac"] == 0 and moved[1]["clip/frac"] > 0
+
+
 def test_dual_clip_binds_in_the_second_update_only(setup):
     exp, model = setup
     plain, w_plain = run(model, exp, lr=30.0, mu=2)

@@ -91,3 +91,67 @@ def test_bad_surrogate_arguments(algo, message):
     logp, old, _, mask, adv = spec_batch()
     with pytest.raises(ValueError, match=message):  # the spec refuses them when it is built
         policy_loss(logp, old, adv, mask, loss_spec(beta=0.0, **algo))
+
+
+# ---- DPPO (SPEC 14.2): anchor π_beh as old_logp, token mean over N = 5, two sequences of 3 and 2 tokens
+DPPO_Q = [[0.01, 0.80, 0.40], [0.05, 0.50, 1.0]]    # the anchor's probabilities (the last one is padding)
+DPPO_P = [[0.02, 0.955, 0.42], [0.03, 0.32, 1.0]]   # the policy's
+DPPO_GRADS = [-0.346410, 0.0, -0.181865, 0.103923, 0.0]  # ∂𝓛/∂ℓ, TV (δ 0.15) and KL (δ 0.05) alike
+
+
+def dppo(surrogate, dtype=torch.float64, **algo):
+    logp = torch.tensor(DPPO_P, dtype=dtype).log().requires_grad_(True)
+    old = torch.tensor(DPPO_Q, dtype=dtype).log()
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    adv = torch.tensor([S3, -S3], dtype=dtype)
+    loss, stats = policy_loss(logp, old, adv, mask, loss_spec(beta=0.0, aggregation="token_mean",
+                                                              surrogate=surrogate, **algo))
+    g = torch.autograd.grad(loss, logp)[0]
+    return loss, [g[i, t].item() for i, t in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]], stats
+
+
+@pytest.mark.parametrize("surrogate, knobs", [("dppo_tv", {"dppo_tv_low": 0.15, "dppo_tv_high": 0.15}),
+                                              ("dppo_kl", {"dppo_kl_low": 0.05, "dppo_kl_high": 0.05})])
+@pytest.mark.parametrize("cap", [0.0, 3.0])  # no r_a exceeds 2: C = 3 and no cap give the same numbers
+def test_dppo_spec_14_2(surrogate, knobs, cap):
+    loss, g, stats = dppo(surrogate, dppo_cap=cap, **knobs)
+    close(loss, 1.148521)  # verl's form: it multiplies ℓ, so its value is no progress signal
+    close(g, DPPO_GRADS)
+    # the masked tokens: (1,2) rose with Â > 0 ("high"), (2,2) fell with Â < 0 ("low")
+    close(stats["clip/high_frac"], 1 / 5), close(stats["clip/low_frac"], 1 / 5), close(stats["clip/frac"], 2 / 5)
+
+
+def test_dppo_tv_at_the_default_delta_keeps_every_token():
+    # δ_TV = 0.2 (prime-rl's, our default): |p − q| = 0.155 and 0.18 stay inside, so nothing is masked
+    _, g, stats = dppo("dppo_tv")
+    close(g, [-0.346410, -0.206764, -0.181865, 0.103923, 0.110851])
+    assert stats["clip/frac"].item() == 0.0
+
+
+def test_dppo_cap_truncates_the_weight_not_the_mask():
+    # C = 1.5: token (1,1), r_a = 2, gets weight 1.5 instead of 2
+    _, g, _ = dppo("dppo_tv", dppo_cap=1.5)
+    close(g[0], -S3 * 1.5 / 5)
+
+
+@pytest.mark.parametrize("adv, masked", [(S3, True), (-S3, False)])
+def test_dppo_kl_is_finite_where_p_rounds_to_one(adv, masked):
+    # SPEC 14.2's edge case in float32: q = 0.5, p = 1.0 (ℓ = 0) gives D_KL = 8.517193, finite (verl's placement of
+    # 1e-8); p > q, so the token is masked when Â > 0 and kept when Â < 0
+    logp = torch.zeros(1, 1, dtype=torch.float32, requires_grad=True)
+    old = torch.tensor([[math.log(0.5)]], dtype=torch.float32)
+    loss, stats = policy_loss(logp, old, torch.tensor([adv]), torch.ones(1, 1),
+                              loss_spec(beta=0.0, surrogate="dppo_kl", aggregation="token_mean"))
+    grad = torch.autograd.grad(loss, logp)[0].item()
+    assert math.isfinite(loss.item()) and math.isfinite(grad)
+    assert (grad == 0.0) == masked and stats["clip/frac"].item() == float(masked)
+    from grpo.algo.surrogates import _probabilities
+    p, q, anchor = _probabilities(torch.exp(logp - old), logp)
+    d = q * (anchor - logp.detach()) + (1 - q) * torch.log((1 - q + 1e-8) / (1 - p + 1e-8))
+    assert abs(d.item() - 8.517193) < 1e-5
+
+
+def test_dppo_needs_token_ratios():
+    with pytest.raises(ValueError, match="surrogate='dppo_tv' masks tokens by their own probabilities; it needs "
+                                         "ratio_level='token'"):
+        loss_spec(surrogate="dppo_tv", ratio_level="sequence")
