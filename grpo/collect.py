@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import AdvantageSpec, compute_advantages, informative_groups, process_advantages
+from grpo.algo import AdvantageSpec, compute_advantages, gdpo_advantages, informative_groups, process_advantages
 from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.envs.base import episode_fields
@@ -205,6 +205,22 @@ def _route(c: Collector, rounds: list[Scored], chosen: list[tuple[int, int]], sh
 # ---------------------------------------------------------------------------------------------------------
 # advantages
 
+def _gdpo(c: Collector, s: Scored, dist: Dist) -> torch.Tensor:
+    """GDPO's outcome advantages of this process's rows (`grpo.algo.gdpo_advantages`), from every process's
+    per-function rewards: the batch statistics are the step's, over every process."""
+    n, names = len(s), list(s.per_fn)
+    mine = torch.stack([s.per_fn[k].to(torch.float64).cpu() for k in names], 1) if names else torch.zeros(n, 0)
+    steps = torch.tensor([float((s.step_ends >= 0).any())], dtype=torch.float64)
+    both = dist.gather(torch.cat([mine.reshape(-1), steps]))
+    if both.view(dist.world_size, -1)[:, -1].any():
+        from grpo.errors import DataError
+        raise DataError("algo.multi_objective_aggregation=normalize_then_sum (GDPO) normalises outcome rewards, and a "
+                        "reward function returned process steps; use sum_then_normalize with process rewards")
+    every = both.view(dist.world_size, -1)[:, :-1].reshape(-1, len(names))
+    weights = list(c.weights) if c.weights is not None else [1.0] * len(names)
+    return gdpo_advantages(every, weights, c.sampler.sampling.n, c.spec)[dist.rank * n:(dist.rank + 1) * n]
+
+
 def _experience(c: Collector, s: Scored, dist: Dist, stats: dict | None = None) -> Experience:
     """Advantages of this process's groups `s` from every process's rewards, and its Experience (with no rows
     when dynamic sampling found nothing to train on: every process alike)."""
@@ -214,7 +230,10 @@ def _experience(c: Collector, s: Scored, dist: Dist, stats: dict | None = None) 
     both = dist.gather(torch.cat([s.total, s.outcome])).view(dist.world_size, 2, n)
     all_rewards, outcome = both[:, 0].reshape(-1), both[:, 1].reshape(-1)
     # outcome advantages from every process's rewards (0 where no outcome reward applies), then this process's
-    out = compute_advantages(outcome, g, spec)[dist.rank * n:(dist.rank + 1) * n]
+    if spec.multi_objective_aggregation == "normalize_then_sum":
+        out = _gdpo(c, s, dist)
+    else:
+        out = compute_advantages(outcome, g, spec)[dist.rank * n:(dist.rank + 1) * n]
     r = s.rollout
     width = r.completion_ids.shape[1]
     adv = torch.zeros(n, width, dtype=torch.float32, device=r.completion_ids.device)

@@ -176,6 +176,11 @@ class AlgoConfig:
         "group", "Advantage scaling: group std (GRPO), batch std (Lite PPO), none (Dr. GRPO), leave-one-out (RLOO), "
                  "÷ the group's mean reward (MaxRL: rewards in [0, 1]; no eps, no batch normalisation).")
     std: Literal["sample", "population"] = opt("sample", "Std estimator for the advantages: ÷(n−1) or ÷n.")
+    multi_objective_aggregation: Literal["sum_then_normalize", "normalize_then_sum"] = opt(
+        "sum_then_normalize", "With several outcome reward functions: their weighted sum is normalised as algo.scale "
+                              "says (sum_then_normalize), or GDPO (normalize_then_sum, TRL's name): each function "
+                              "standardised within its group, the weighted sum standardised over the step's batch "
+                              "(algo.std and algo.eps; algo.scale does not apply).")
     eps: float = opt(1e-4, "Added to the std before dividing.", ge=0)
     beta: float = opt(0.04, "KL coefficient; 0 loads no reference model.", ge=0)
     kl_kind: Literal["k1", "k2", "k3"] = opt("k3", "KL estimator per token (k3: DeepSeekMath eq. 4).")

@@ -142,6 +142,10 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.algo.dual_clip and not cfg.algo.dual_clip > 1:
         raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} must be more than 1 (the surrogate of a token with "
                           "Â < 0 is bounded at c·Â, c > 1), or 0 to turn it off")
+    if cfg.algo.multi_objective_aggregation == "normalize_then_sum" and cfg.algo.scale != "group":
+        raise ConfigError(f"algo.scale={cfg.algo.scale} does not apply with algo.multi_objective_aggregation="
+                          "normalize_then_sum (GDPO standardises each reward within its group, then the sum over the "
+                          "batch): leave algo.scale=group, or use sum_then_normalize")
     if cfg.algo.surrogate.startswith("dppo") and cfg.algo.ratio_level != "token":
         raise ConfigError(f"algo.surrogate={cfg.algo.surrogate} masks tokens by their own probabilities, and "
                           f"algo.ratio_level={cfg.algo.ratio_level} gives one ratio per sequence: set "

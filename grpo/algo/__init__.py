@@ -3,8 +3,8 @@
 Nothing here knows about models, configs or process groups: tensors, plain values and the two frozen specs
 (`AdvantageSpec`, `LossSpec`, built once from the `algo.*` config section) in, tensors out.
 """
-from grpo.algo.advantages import (ADVANTAGES, compute_advantages, group_advantages, informative_groups,
-                                  process_advantages, rloo_advantages)
+from grpo.algo.advantages import (ADVANTAGES, compute_advantages, gdpo_advantages, group_advantages,
+                                  informative_groups, maxrl_advantages, process_advantages, rloo_advantages)
 from grpo.algo.correction import CORRECTIONS, sampler_weights
 from grpo.algo.entropy import entropy_figures, entropy_threshold, top_entropy_mask
 from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
@@ -13,8 +13,8 @@ from grpo.algo.presets import PRESETS, Preset, get_preset, preset_values
 from grpo.algo.specs import AdvantageSpec, LossSpec
 from grpo.algo.surrogates import SURROGATES
 
-__all__ = ["ADVANTAGES", "AGGREGATIONS", "AdvantageSpec", "CORRECTIONS", "KL_KINDS", "LossSpec", "PRESETS", "Preset",
-           "RATIO_LEVELS", "SURROGATES", "compute_advantages", "entropy_figures", "entropy_threshold", "get_preset",
-           "group_advantages", "informative_groups", "kl_penalty", "loss_normalizer", "policy_loss", "preset_values",
-           "process_advantages", "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden",
-           "top_entropy_mask"]
+__all__ = ["ADVANTAGES", "AGGREGATIONS", "AdvantageSpec", "CORRECTIONS", "KL_KINDS", "LossSpec", "PRESETS",
+           "Preset", "RATIO_LEVELS", "SURROGATES", "compute_advantages", "entropy_figures", "entropy_threshold",
+           "gdpo_advantages", "get_preset", "group_advantages", "informative_groups", "kl_penalty",
+           "loss_normalizer", "maxrl_advantages", "policy_loss", "preset_values", "process_advantages",
+           "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden", "top_entropy_mask"]

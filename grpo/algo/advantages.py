@@ -1,6 +1,6 @@
 """Advantages from rewards: group-standardised (GRPO), centred only (Dr. GRPO), batch-std (Lite PPO),
-leave-one-out (RLOO), divided by the group mean (MaxRL) and process supervision (SPEC sections 1.2, 1.3, 2, 8,
-14.3).
+leave-one-out (RLOO), divided by the group mean (MaxRL), each reward normalised before the sum (GDPO) and process
+supervision (SPEC sections 1.2, 1.3, 2, 8, 14.3, 14.4).
 
 Rewards are laid out group by group: the G completions of one prompt are consecutive. A reward of NaN
 means "no reward function applied to this completion": it is left out of its group's statistics and
@@ -14,6 +14,7 @@ from grpo.algo._checks import check_choice, check_positive_int, check_tensor
 
 
 SCALES = ("group", "batch", "none")  # the scales of `group_advantages`
+REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")  # of several reward functions (TRL's names)
 STDS = ("sample", "population")
 
 
@@ -109,6 +110,40 @@ def maxrl_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
                         "rewards in [0, 1] or another algo.scale")
     adv = torch.where(mean > 0, centred / mean.clamp(min=torch.finfo(g.dtype).tiny), torch.zeros_like(centred))
     return adv.reshape(-1).to(_out_dtype(rewards))
+
+
+def gdpo_advantages(per_fn: torch.Tensor, weights, group_size: int, spec: AdvantageSpec) -> torch.Tensor:
+    """GDPO (SPEC 14.4): normalise each reward within its group, take the weighted sum, normalise the batch.
+    (N, K) rewards of K functions, unweighted (NaN where a function does not apply), and K weights → (N,).
+
+    1. per function and group: (r − mean_g)/(std_g + eps) over the group's scored values (`spec.std`, `spec.eps`);
+       an unscored value, and every value of a function that scores at most one completion of the group, adds 0;
+    2. s = Σ_k w_k·Ã_k; a row that no function scores has no s (NaN);
+    3. over the batch (every row given, i.e. the gathered step): (s − mean s)/(std s + eps), over the rows with an
+       s; the others get 0.
+
+    Example: one group c = (1, 1, 0, 0), f = (0, 0.1, 0, 0.1), w = (1, 1), eps 1e-4 →
+    (0.000954, 1.224658, −1.224658, −0.000954), where summing first gives (0.775421, 0.947737, −0.947737, −0.775421).
+    """
+    check_tensor("per_fn", per_fn, 2)
+    weights = torch.as_tensor(list(weights), dtype=torch.float64)
+    if weights.shape != (per_fn.shape[1],):
+        raise ValueError(f"weights has {weights.numel()} entries for {per_fn.shape[1]} reward functions")
+    x = per_fn.detach().to(torch.float64)
+    total = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
+    for k in range(x.shape[1]):
+        g = _grouped(x[:, k], group_size)
+        centred, valid, mean = _group_centre(g)
+        a = centred / (_nan_std(g, valid, mean, spec.std, dim=1) + spec.eps)
+        scored = valid & (valid.sum(dim=1, keepdim=True) > 1) & torch.isfinite(a)
+        total += weights[k] * torch.where(scored, a, torch.zeros_like(a)).reshape(-1)
+    has = ~torch.isnan(x).all(dim=1)
+    n = has.sum()
+    mean = torch.where(has, total, torch.zeros_like(total)).sum() / n.clamp(min=1)
+    std = _nan_std(total, has, mean, spec.std, dim=None)
+    adv = torch.where(has, (total - mean) / (std + spec.eps), torch.zeros_like(total))
+    adv = torch.where(torch.isfinite(adv), adv, torch.zeros_like(adv))
+    return adv.to(_out_dtype(per_fn))
 
 
 def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, group_size: int, num_tokens: int,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from grpo.algo._checks import check_choice, check_positive_int
-from grpo.algo.advantages import ADVANTAGES, STDS
+from grpo.algo.advantages import ADVANTAGES, REWARD_AGGREGATIONS, STDS
 from grpo.algo.correction import CORRECTIONS
 from grpo.algo.loss import AGGREGATIONS, KL_KINDS, RATIO_LEVELS
 from grpo.algo.surrogates import SURROGATES
@@ -40,6 +40,7 @@ class AdvantageSpec:
     scale: str               # a key of `ADVANTAGES` (`grpo.algo.compute_advantages`)
     std: str                 # "sample" or "population"
     eps: float               # added to the std before dividing
+    multi_objective_aggregation: str  # several reward functions: sum then normalise, or GDPO's normalise then sum
     mask_truncated: bool     # truncated completions leave the loss (they still count in the group statistics)
     dynamic_sampling: bool   # DAPO: groups whose rewards are all equal are replaced by newly drawn ones
     max_sampling_rounds: int  # with dynamic_sampling: rounds of prompts at most per step
@@ -47,6 +48,7 @@ class AdvantageSpec:
     def __post_init__(self):
         check_choice("scale", self.scale, ADVANTAGES)
         check_choice("std", self.std, STDS)
+        check_choice("multi_objective_aggregation", self.multi_objective_aggregation, REWARD_AGGREGATIONS)
         _at_least("eps", self.eps, 0)
         check_positive_int("max_sampling_rounds", self.max_sampling_rounds)
 

@@ -186,3 +186,33 @@ def test_maxrl_refuses_rewards_outside_0_1_in_one_line():
     with pytest.raises(DataError, match=r"algo.scale=maxrl needs every reward in \[0, 1\] .* a completion's reward "
                                         r"is 2.5; use rewards in \[0, 1\] or another algo.scale"):
         maxrl_advantages(t(1, 2.5, 0, 0), 4)
+
+
+# ---- GDPO (SPEC 14.4)
+
+def test_gdpo_spec_example():
+    from grpo.algo import gdpo_advantages
+    rewards = torch.stack([t(1, 1, 0, 0), t(0, 0.1, 0, 0.1)], 1)  # correctness, format
+    close(gdpo_advantages(rewards, [1, 1], 4, spec()), [0.000954, 1.224658, -1.224658, -0.000954])
+    close(gdpo_advantages(rewards, [1, 1], 4, spec(eps=0)), [0, 1.224745, -1.224745, 0])
+    close(gdpo_advantages(rewards, [2, 1], 4, spec()), [0.388004, 1.161602, -1.161602, -0.388004])
+    # summing first (the default) lets the 0.1-scale format reward barely separate completions
+    close(group_advantages(rewards.sum(1), 4, spec()), [0.775421, 0.947737, -0.947737, -0.775421])
+    close(group_advantages(rewards @ t(2, 1), 4, spec()), [0.821627, 0.908114, -0.908114, -0.821627])
+
+
+def test_gdpo_unscored_values_and_constant_groups():
+    from grpo.algo import gdpo_advantages
+    nan = float("nan")
+    # group 1: format unscored on one row (it sits at the function's mean: adds 0), correctness constant (adds 0);
+    # group 2: no function scores its last row (no s: advantage 0, out of the batch statistics), and format
+    # scores one row only (adds 0 for the group)
+    rewards = torch.stack([t(1, 1, 1, 1, 1, 0, 0, nan), t(0, 1, nan, 1, nan, 5, nan, nan)], 1)
+    adv = gdpo_advantages(rewards, [1, 1], 4, spec(eps=0))
+    f = group_advantages(t(0, 1, 1), 3, spec(eps=0))  # format's standardised values in group 1 (its 3 scored)
+    c = group_advantages(t(1, 0, 0), 3, spec(eps=0))  # correctness in group 2 (3 scored)
+    s = torch.cat([f[:2], t(0.0), f[2:], c])          # s of the seven rows that have one
+    expect = (s - s.mean()) / s.std()
+    close(adv, torch.cat([expect, t(0.0)]))
+    assert torch.equal(gdpo_advantages(torch.ones(4, 2, dtype=torch.float64), [1, 1], 4, spec()),
+                       torch.zeros(4, dtype=torch.float64))

@@ -62,7 +62,8 @@ def steps_reward(prompts, completions, **_):
 
 def collector(env, rewards, **kw):
     spec = AdvantageSpec(**{"scale": "group", "std": "sample", "eps": 0.0, "mask_truncated": False,
-                            "dynamic_sampling": False, "max_sampling_rounds": 1, **kw})
+                            "dynamic_sampling": False, "max_sampling_rounds": 1,
+                            "multi_objective_aggregation": "sum_then_normalize", **kw})
     return Collector(Sampler(env, None, Sampling(2, 8), seed=0), rewards, None, TOK, prompts_per_step=2, spec=spec)
 
 
@@ -311,14 +312,14 @@ class Versioned(Scripted):
 PROMPTS = [f"p{i}" for i in range(12)]
 
 
-def collect_on(world, flat, rounds, scale="group"):
+def collect_on(world, flat, rounds, scale="group", rewards=(("last_number", last_number),), **spec):
     """Every process's Experience of one dynamic-sampling step (4 prompts a round, G = 2), and the hub."""
     hub, out = Hub(world), [None] * world
     episodes = {p: (["1", "1"] if p in flat else ["1", "2 2 2" + "2" * int(p[1:])]) for p in PROMPTS}
 
     def run(rank):
-        c = replace(collector(Versioned(episodes), [("last_number", last_number)], dynamic_sampling=True,
-                              max_sampling_rounds=rounds, scale=scale), prompts_per_step=4)
+        c = replace(collector(Versioned(episodes), list(rewards), dynamic_sampling=True,
+                              max_sampling_rounds=rounds, scale=scale, **spec), prompts_per_step=4)
         s = PromptStream([Example(p, "1") for p in PROMPTS], 4, seed=0)
         out[rank] = collect(c, s, ThreadDist(rank, world, hub=hub) if world > 1 else Dist())
 
@@ -398,3 +399,32 @@ def test_maxrl_advantages_reach_the_experience():
                   stream(["p0", "p1"]), Dist())
     assert exp.rewards.tolist() in ([1, 0, 0, 1], [0, 1, 1, 0])  # the groups in the stream's order
     assert exp.advantages[:, 0].tolist() == ((exp.rewards - 0.5) / 0.5).tolist()
+
+
+def length(completions, **_):
+    return [len(c) / 10 for c in completions]
+
+
+def test_gdpo_normalises_each_reward_over_the_step_on_several_processes_as_on_one():
+    # SPEC 14.4 through collect: two reward functions, dynamic sampling, one process and two
+    from grpo.algo import gdpo_advantages
+    from test_advantages import spec as advantage_spec
+    rewards = (("last_number", last_number), ("length", length))
+    (one,), _ = collect_on(1, {"p1", "p4", "p7"}, 3, rewards=rewards, multi_objective_aggregation="normalize_then_sum")
+    per_fn = torch.stack([torch.tensor([float(t == "1") for t in one.texts]),
+                          torch.tensor([len(t) / 10 for t in one.texts])], 1).double()
+    expect = gdpo_advantages(per_fn, [1.0, 1.0], 2, advantage_spec(eps=0.0))
+    assert torch.allclose(one.advantages[:, 0].double(), expect, atol=1e-6)
+    summed, _ = collect_on(1, {"p1", "p4", "p7"}, 3, rewards=rewards)
+    assert not torch.allclose(summed[0].advantages[:, 0], one.advantages[:, 0])
+    two, _ = collect_on(2, {"p1", "p4", "p7"}, 3, rewards=rewards, multi_objective_aggregation="normalize_then_sum")
+    same_rows(Experience.concat(two, TOK.pad_token_id), one)
+
+
+def test_gdpo_refuses_process_rewards_in_one_line():
+    from grpo.errors import DataError
+    c = collector(Scripted(EPISODES), [("steps", steps_reward), ("last_number", last_number)],
+                  multi_objective_aggregation="normalize_then_sum")
+    with pytest.raises(DataError, match="normalize_then_sum .GDPO. normalises outcome rewards, and a reward function "
+                                        "returned process steps"):
+        collect(c, stream(["p0", "p1"]), Dist())

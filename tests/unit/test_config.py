@@ -98,6 +98,7 @@ def test_file_errors(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (["lora.rank=4", "compute.sharding=fsdp"], "lora.rank > 0 with compute.sharding=fsdp is not supported"),
     (["algo.surrogate=sapo", "algo.dual_clip=3"], "algo.dual_clip=3 bounds PPO.s clipped surrogate; algo.surrogate=sapo has none"),
+    (["algo.multi_objective_aggregation=normalize_then_sum", "algo.scale=maxrl"], "algo.scale=maxrl does not apply with algo.multi_objective_aggregation=normalize_then_sum .GDPO standardises each reward within its group, then the sum over the batch.: leave algo.scale=group, or use sum_then_normalize"),
     (["algo.surrogate=dppo_kl", "algo.ratio_level=sequence"], "algo.surrogate=dppo_kl masks tokens by their own probabilities, and algo.ratio_level=sequence gives one ratio per sequence: set algo.ratio_level=token"),
     (["lora.rank=4", "lora.dropout=0.05"], "lora.dropout=0.05 is not supported: GRPO.s ratio compares"),
     (["rewards=[overlong]", "overlong_buffer=33"], "overlong_buffer=33 is larger than rollout.max_new_tokens=32"),
