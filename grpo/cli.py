@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import threading
 import warnings
@@ -132,6 +133,8 @@ def _train(cfg, args) -> int:
 
     with process_group() as dist:  # one process, or the group torchrun describes
         result = train(cfg, dist=dist)
+    if result.stopped_by:  # stopped and checkpointed: another signal while this process exits ends it at once,
+        _exit_on_signal()  # not with a KeyboardInterrupt traceback from the interpreter's shutdown
     if not dist.is_main:
         return 0
     if result.stopped_by:
@@ -143,11 +146,17 @@ def _train(cfg, args) -> int:
     return 0
 
 
+def _exit_on_signal() -> None:
+    """From now on SIGINT and SIGTERM end this process at once, with their exit status (128 + the signal)."""
+    import signal
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: os._exit(128 + signum))
+
+
 def _serve(cfg, args) -> int:
     """Replace this process with `vllm serve` of model.path, with the flags grpo's trainer needs (the vllm.* and
     vllm_server.* sections: host, port (0: 8000), cache); the URL is printed first."""
     import importlib.util
-    import os
 
     from grpo.models import resolve_model_path
     from grpo.rollout.vllm_server import open_host_error, serve_command

@@ -1,7 +1,9 @@
 """Checkpoints: exact resume, torn checkpoints, SIGTERM and SIGINT, NaN steps, full disks, config checks (SIGKILL:
 test_faults.py)."""
+import contextlib
 import errno
 import json
+import select
 import signal
 import subprocess
 import sys
@@ -175,6 +177,16 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert [r["step"] for r in rows(out)] == list(range(done + 3))
 
 
+def _read_until(proc, text: str) -> str:
+    """The run's stderr until a line holds `text` (it stops waiting after 60 s, or when the run ends)."""
+    seen, deadline = "", time.monotonic() + 60
+    while text not in seen:
+        assert time.monotonic() < deadline and proc.poll() is None, seen
+        if select.select([proc.stderr], [], [], 0.5)[0]:
+            seen += proc.stderr.readline()
+    return seen
+
+
 @pytest.mark.slow
 def test_second_signal_exits_at_once(tmp_path, random_model_dir):
     out = tmp_path / "twice"
@@ -186,6 +198,20 @@ def test_second_signal_exits_at_once(tmp_path, random_model_dir):
     code = proc.wait(timeout=60)
     assert code == 130 and "second SIGINT: exiting now" in proc.stderr.read()
     assert (out / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_a_signal_after_the_stop_exits_without_a_traceback(tmp_path, random_model_dir):
+    out = tmp_path / "after"
+    proc = spawn(random_model_dir, out, "train.steps=200")
+    wait_for_rows(proc, out, 2)
+    proc.send_signal(signal.SIGINT)
+    _read_until(proc, "resume with:")  # stopped and checkpointed: the process is on its way out
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=60)
+    err = proc.stderr.read()
+    assert code == 130 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
 
 
 # ---------------------------------------------------------------------------------------------------------
