@@ -32,10 +32,12 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import AdvantageSpec, compute_advantages, gdpo_advantages, informative_groups, process_advantages
+from grpo.algo import (AdvantageSpec, RewardRangeError, compute_advantages, gdpo_advantages, informative_groups,
+                       process_advantages)
 from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.envs.base import episode_fields
+from grpo.errors import DataError
 from grpo.rewards import example_fields
 from grpo.experience import Experience, trained_tokens
 from grpo.rewards import score
@@ -213,7 +215,6 @@ def _gdpo(c: Collector, s: Scored, dist: Dist) -> torch.Tensor:
     steps = torch.tensor([float((s.step_ends >= 0).any())], dtype=torch.float64)
     both = dist.gather(torch.cat([mine.reshape(-1), steps]))
     if both.view(dist.world_size, -1)[:, -1].any():
-        from grpo.errors import DataError
         raise DataError("algo.multi_objective_aggregation=normalize_then_sum (GDPO) normalises outcome rewards, and a "
                         "reward function returned process steps; use sum_then_normalize with process rewards")
     every = both.view(dist.world_size, -1)[:, :-1].reshape(-1, len(names))
@@ -233,7 +234,10 @@ def _experience(c: Collector, s: Scored, dist: Dist, stats: dict | None = None) 
     if spec.multi_objective_aggregation == "normalize_then_sum":
         out = _gdpo(c, s, dist)
     else:
-        out = compute_advantages(outcome, g, spec)[dist.rank * n:(dist.rank + 1) * n]
+        try:
+            out = compute_advantages(outcome, g, spec)[dist.rank * n:(dist.rank + 1) * n]
+        except RewardRangeError as e:  # what the reward functions returned: one line (every process alike)
+            raise DataError(str(e)) from None
     r = s.rollout
     width = r.completion_ids.shape[1]
     adv = torch.zeros(n, width, dtype=torch.float32, device=r.completion_ids.device)

@@ -5,6 +5,7 @@ Nothing here knows about models, configs or process groups: tensors, plain value
 """
 from grpo.algo.advantages import (ADVANTAGES, compute_advantages, gdpo_advantages, group_advantages,
                                   informative_groups, maxrl_advantages, process_advantages, rloo_advantages)
+from grpo.algo._checks import RewardRangeError
 from grpo.algo.correction import CORRECTIONS, sampler_weights
 from grpo.algo.entropy import entropy_figures, entropy_threshold, top_entropy_mask
 from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
@@ -14,7 +15,7 @@ from grpo.algo.specs import AdvantageSpec, LossSpec
 from grpo.algo.surrogates import SURROGATES
 
 __all__ = ["ADVANTAGES", "AGGREGATIONS", "AdvantageSpec", "CORRECTIONS", "KL_KINDS", "LossSpec", "PRESETS",
-           "Preset", "RATIO_LEVELS", "SURROGATES", "compute_advantages", "entropy_figures", "entropy_threshold",
+           "Preset", "RATIO_LEVELS", "RewardRangeError", "SURROGATES", "compute_advantages", "entropy_figures", "entropy_threshold",
            "gdpo_advantages", "get_preset", "group_advantages", "informative_groups", "kl_penalty",
            "loss_normalizer", "maxrl_advantages", "policy_loss", "preset_values", "process_advantages",
            "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden", "top_entropy_mask"]

@@ -6,6 +6,11 @@ from collections.abc import Iterable
 import torch
 
 
+class RewardRangeError(ValueError):
+    """Rewards outside the range an advantage needs (MaxRL's [0, 1]): the reward functions' output, which the
+    trainer reports as one line (`grpo.collect`)."""
+
+
 def check_choice(name: str, value: str, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     if value not in allowed:

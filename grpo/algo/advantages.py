@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo.algo._checks import check_choice, check_positive_int, check_tensor
+from grpo.algo._checks import RewardRangeError, check_choice, check_positive_int, check_tensor
 
 
 SCALES = ("group", "batch", "none")  # the scales of `group_advantages`
@@ -104,8 +104,7 @@ def maxrl_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     centred, valid, mean = _group_centre(g)
     outside = valid & ((g < 0) | (g > 1))
     if outside.any():
-        from grpo.errors import DataError  # a reward function's output, not a caller's mistake: one line
-        raise DataError(f"algo.scale=maxrl needs every reward in [0, 1] (MaxRL divides by the group's mean "
+        raise RewardRangeError(f"algo.scale=maxrl needs every reward in [0, 1] (MaxRL divides by the group's mean "
                         f"reward, a success rate), and a completion's reward is {g[outside][0].item():g}; use "
                         "rewards in [0, 1] or another algo.scale")
     adv = torch.where(mean > 0, centred / mean.clamp(min=torch.finfo(g.dtype).tiny), torch.zeros_like(centred))

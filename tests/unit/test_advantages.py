@@ -180,10 +180,11 @@ def test_maxrl_gradient_and_its_expectation_by_enumeration():
     close(expect, (1 - (1 - p) ** 3) / p * grad_p)
 
 
-def test_maxrl_refuses_rewards_outside_0_1_in_one_line():
+def test_maxrl_refuses_rewards_outside_0_1():
+    # (grpo.collect turns it into one line: test_collect.py)
+    from grpo.algo import RewardRangeError
     from grpo.algo.advantages import maxrl_advantages
-    from grpo.errors import DataError
-    with pytest.raises(DataError, match=r"algo.scale=maxrl needs every reward in \[0, 1\] .* a completion's reward "
+    with pytest.raises(RewardRangeError, match=r"algo.scale=maxrl needs every reward in \[0, 1\] .* a completion's reward "
                                         r"is 2.5; use rewards in \[0, 1\] or another algo.scale"):
         maxrl_advantages(t(1, 2.5, 0, 0), 4)
 

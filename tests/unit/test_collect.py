@@ -428,3 +428,18 @@ def test_gdpo_refuses_process_rewards_in_one_line():
     with pytest.raises(DataError, match="normalize_then_sum .GDPO. normalises outcome rewards, and a reward function "
                                         "returned process steps"):
         collect(c, stream(["p0", "p1"]), Dist())
+
+
+def test_maxrl_rewards_outside_0_1_are_one_line():
+    from grpo.config import load_config
+    from grpo.errors import DataError
+    algo = load_config(None, ["algo.scale=maxrl"]).algo
+    c = collector(Scripted({"p0": ["so 1", "so 22"], "p1": ["it is 3", "1"]}), [("twice", twice)],
+                  scale=AdvantageSpec.from_algo(algo).scale)
+    with pytest.raises(DataError, match=r"algo.scale=maxrl needs every reward in \[0, 1\] .* a completion's reward "
+                                        r"is 2; use rewards in \[0, 1\] or another algo.scale"):
+        collect(c, stream(["p0", "p1"]), Dist())
+
+
+def twice(prompts, completions, answer, **_):
+    return [2.0 * r for r in last_number(prompts, completions, answer)]
