@@ -9,8 +9,6 @@ layerwise reload (`start_weight_update` ... `finish_weight_update`); on a CPU th
 after it, as after an in-place reload from files."""
 from __future__ import annotations
 
-import math
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,7 +16,7 @@ import torch
 from vllm.distributed.weight_transfer.base import (WeightTransferEngine, WeightTransferInitInfo,
                                                    WeightTransferUpdateInfo)
 
-from grpo.rollout.vllm_transfer import buckets, gloo_group
+from grpo.rollout.vllm_transfer import address_towards, buckets, empty_run, gloo_group, split_run
 
 
 @dataclass
@@ -58,10 +56,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         self.shutdown()
         p = self.parallel_config
         rank = init_info.rank_offset + p.data_parallel_index * p.world_size + p.rank
-        family = socket.AF_INET6 if ":" in init_info.master_address else socket.AF_INET
-        with socket.socket(family, socket.SOCK_DGRAM) as s:  # this worker's address on the route to the trainer
-            s.connect((init_info.master_address, init_info.master_port))
-            address = s.getsockname()[0]
+        address = address_towards(init_info.master_address)  # this worker's, on the route to the trainer
         self.store = torch.distributed.TCPStore(init_info.master_address, init_info.master_port,
                                                 init_info.world_size, is_master=False,
                                                 timeout=timedelta(seconds=init_info.timeout_s))
@@ -88,17 +83,9 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             raise RuntimeError("the grpo_gloo weight transfer is not initialized: call init_weight_transfer_engine")
         metas = list(zip(update_info.names, update_info.dtype_names, update_info.shapes))
         for run in buckets(metas, update_info.bucket_bytes):
-            dtype = getattr(torch, metas[run[0]][1])
-            flat = torch.empty(sum(math.prod(metas[i][2]) for i in run), dtype=dtype)
+            flat = empty_run(metas, run)  # gloo carries CPU tensors
             self.group.broadcast(flat, 0).wait()
-            flat = flat.to(self.device)
-            pairs, at = [], 0
-            for i in run:
-                name, _, shape = metas[i]
-                n = math.prod(shape)
-                pairs.append((name, flat[at:at + n].view(shape)))
-                at += n
-            self.model.load_weights(pairs)
+            self.model.load_weights(split_run(flat.to(self.device), metas, run))
 
     def shutdown(self) -> None:
         if self.group is not None:

@@ -294,7 +294,7 @@ class VLLMServerGenerator:
         self.version = 0
         self._broken = ""
         self.transfer = "file"  # how the weights go: nccl, gloo or file (`_check_shape` decides)
-        self._senders: list = []  # the first process's ends of the weight-transfer groups, one per server
+        self._senders: dict = {}  # the first process's ends of the weight-transfer groups, by server URL
         self.launched: list[Launched] = []
         self._tmp: list[tempfile.TemporaryDirectory] = []
         dist = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -495,43 +495,52 @@ class VLLMServerGenerator:
         self.version = version
 
     def _push(self, weights, version: int) -> None:
+        """The weights to every server, by `self.transfer`: through vLLM's weight-transfer protocol
+        (`grpo.rollout.vllm_transfer`), or as safetensors in weights_dir that each server reloads in place."""
         if self.transfer == "file":
-            self._push_file(weights, version)
+            target = self._write(weights, version)
+            load = lambda c: c.call("POST", "/collective_rpc",  # noqa: E731
+                                    {"method": "grpo_load_weights", "kwargs": {"path": str(target)}},
+                                    what="load new weights")
         else:
-            self._push_engine(weights, version)
+            pairs = [(n, t.contiguous()) for n, t in weights]  # gathered (FSDP2) and merged (LoRA) once for all
+            load = lambda c: self._sender(c).send(pairs)  # noqa: E731
+        for f in [self._pool.submit(self._update, c, load, version) for c in self.clients]:
+            f.result()
+        if self.transfer == "file":
+            for old in self.weights_dir.glob("v*"):  # the servers have this version now; only it is kept
+                if old.name != target.name:
+                    shutil.rmtree(old, ignore_errors=True)
 
-    def _push_engine(self, weights, version: int) -> None:
-        """Through vLLM's weight-transfer protocol (`grpo.rollout.vllm_transfer`): every server paused, its
-        workers receiving the broadcast, its prefix cache reset, its weight version set, resumed."""
+    def _update(self, c: Client, load, version: int) -> None:
+        """On one server: pause (in-flight requests finish), `load(c)` the new weights, reset the prefix cache, set
+        the weight version, resume. A failure leaves the servers' weights unknown: they are not used again."""
+        c.call("POST", "/pause", params={"mode": "wait"}, what="pause for new weights")
+        try:
+            load(c)
+            c.call("POST", "/reset_prefix_cache", what="reset its prefix cache")
+            c.call("POST", "/update_weight_version", {"new_version": str(version)}, what="take a weight version")
+        except Exception as e:
+            if not isinstance(e, EngineError):
+                e = EngineError(f"the weights could not reach the vLLM server at {c.url} ({self.transfer}): "
+                                f"{first_line(e)}")
+            self._broken = f"a server's weights are in an unknown state after a failed update ({e})"
+            raise e from None
+        finally:
+            c.call("POST", "/resume", what="resume after new weights")
+
+    def _sender(self, c: Client):
+        """This process's end of the weight-transfer group with server `c`, opened at the first sync (the server's
+        workers join it then)."""
         from grpo.rollout.vllm_transfer import open_sender
 
-        pairs = [(n, t.contiguous()) for n, t in weights]  # gathered (FSDP2) and merged (LoRA) once for all
+        if c.url not in self._senders:
+            self._senders[c.url] = open_sender(self.transfer, c, c.workers, urllib.parse.urlsplit(c.url).hostname,
+                                               self.cfg.timeout_s)
+        return self._senders[c.url]
 
-        def push(i: int) -> None:
-            c = self.clients[i]
-            c.call("POST", "/pause", params={"mode": "wait"}, what="pause for new weights")
-            try:
-                if self._senders[i] is None:  # the first sync: the server's workers join the trainer's group
-                    self._senders[i] = open_sender(self.transfer, c, c.workers, urllib.parse.urlsplit(c.url).hostname,
-                                                   self.cfg.timeout_s)
-                self._senders[i].send(pairs)
-                c.call("POST", "/reset_prefix_cache", what="reset its prefix cache")
-                c.call("POST", "/update_weight_version", {"new_version": str(version)}, what="take a weight version")
-            except Exception as e:
-                if not isinstance(e, EngineError):
-                    e = EngineError(f"the weights could not reach the vLLM server at {c.url} ({self.transfer}): "
-                                    f"{first_line(e)}")
-                self._broken = f"a server's weights are in an unknown state after a failed update ({e})"
-                raise e from None
-            finally:
-                c.call("POST", "/resume", what="resume after new weights")
-
-        self._senders = self._senders or [None] * len(self.clients)
-        for f in [self._pool.submit(push, i) for i in range(len(self.clients))]:
-            f.result()
-
-    def _push_file(self, weights, version: int) -> None:
-        """Through a file: safetensors in weights_dir, which every server (paused) reloads in place."""
+    def _write(self, weights, version: int) -> Path:
+        """The weights as weights_dir/v<version>/model.safetensors, written under another name, then renamed."""
         from safetensors.torch import save_file
 
         target = self.weights_dir / f"v{version:08d}"
@@ -542,25 +551,7 @@ class VLLMServerGenerator:
                   metadata={"format": "pt"})
         shutil.rmtree(target, ignore_errors=True)
         partial.rename(target)
-
-        def push(c: Client) -> None:
-            c.call("POST", "/pause", params={"mode": "wait"}, what="pause for new weights")
-            try:
-                c.call("POST", "/collective_rpc", {"method": "grpo_load_weights", "kwargs": {"path": str(target)}},
-                       what="load new weights")
-                c.call("POST", "/reset_prefix_cache", what="reset its prefix cache")
-                c.call("POST", "/update_weight_version", {"new_version": str(version)}, what="take a weight version")
-            except EngineError as e:
-                self._broken = f"a server's weights are in an unknown state after a failed update ({e})"
-                raise
-            finally:
-                c.call("POST", "/resume", what="resume after new weights")
-
-        for f in [self._pool.submit(push, c) for c in self.clients]:
-            f.result()
-        for old in self.weights_dir.glob("v*"):  # the servers have this version now; only it is kept
-            if old.name != target.name:
-                shutil.rmtree(old, ignore_errors=True)
+        return target
 
     def generate(self, prompts: list[str] | list[list[int]], sampling: Sampling,
                  seeds=None, limits=None) -> Rollout:
@@ -585,10 +576,9 @@ class VLLMServerGenerator:
 
     def close(self) -> None:
         """Stop the servers grpo launched and remove the weights it wrote (idempotent)."""
-        for sender in getattr(self, "_senders", []):
-            if sender is not None:
-                sender.close()
-        self._senders = []
+        for sender in getattr(self, "_senders", {}).values():
+            sender.close()
+        self._senders = {}
         for s in self.launched:
             s.stop()
         self.launched = []

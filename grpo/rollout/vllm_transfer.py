@@ -49,6 +49,24 @@ def buckets(metas: list[tuple[str, str, list[int]]], limit: int = BUCKET_BYTES) 
     return out
 
 
+def empty_run(metas: list[tuple[str, str, list[int]]], run: list[int], device=None) -> torch.Tensor:
+    """The flat buffer that receives one run of `buckets`."""
+    return torch.empty(sum(math.prod(metas[i][2]) for i in run), dtype=getattr(torch, metas[run[0]][1]),
+                       device=device)
+
+
+def split_run(flat: torch.Tensor, metas: list[tuple[str, str, list[int]]], run: list[int]
+              ) -> list[tuple[str, torch.Tensor]]:
+    """A received run's tensors, (name, view of `flat`) in the update's order."""
+    out, at = [], 0
+    for i in run:
+        name, _, shape = metas[i]
+        n = math.prod(shape)
+        out.append((name, flat[at:at + n].view(shape)))
+        at += n
+    return out
+
+
 def gloo_group(store, rank: int, world: int, address: str, timeout_s: float):
     """A gloo process group of `world` members on `store`, this process being `rank`, its connections on the
     interface of `address` (the one the group's members reach each other by)."""
@@ -81,11 +99,31 @@ def _broadcast_wait(work, pending, deadline: float, what: str) -> None:
     work.wait()
 
 
+class _Calls:
+    """vLLM's VLLMWeightSyncClient protocol over grpo's client of one server (its API key, timeouts, errors)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.client.call("POST", "/init_weight_transfer_engine", {"init_info": init_info},
+                         what="join the trainer's weight-transfer group")
+
+    def start_weight_update(self) -> None:
+        self.client.call("POST", "/start_weight_update", what="start a weight update")
+
+    def update_weights(self, update_info) -> None:
+        self.client.call("POST", "/update_weights", {"update_info": update_info}, what="receive the trainer's weights")
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.client.call("POST", "/finish_weight_update", what="finish a weight update")
+
+
 class GlooSender:
     """The trainer's end of a gloo group with one server's workers (rank 0 here, the workers after it)."""
 
     def __init__(self, client, workers: int, host: str, timeout_s: float):
-        self.client, self.timeout_s, self.broken = client, timeout_s, False
+        self.client, self.calls, self.timeout_s, self.broken = client, _Calls(client), timeout_s, False
         address = address_towards(host)
         listen = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET)
         listen.bind((address, 0))
@@ -102,8 +140,7 @@ class GlooSender:
         info = {"master_address": address, "master_port": port, "rank_offset": 1, "world_size": self.world,
                 "timeout_s": timeout_s}
         with ThreadPoolExecutor(max_workers=1) as pool:
-            joined = pool.submit(client.call, "POST", "/init_weight_transfer_engine", {"init_info": info},
-                                 what="join the trainer's weight-transfer group")
+            joined = pool.submit(self.calls.init_weight_transfer_engine, info)
             try:
                 self.group = gloo_group(store, 0, self.world, address, timeout_s)
             except BaseException:
@@ -119,12 +156,11 @@ class GlooSender:
         metas = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights]
         info = {"names": [m[0] for m in metas], "dtype_names": [m[1] for m in metas], "shapes": [m[2] for m in metas],
                 "bucket_bytes": BUCKET_BYTES}
-        self.client.call("POST", "/start_weight_update", what="start a weight update")
+        self.calls.start_weight_update()
         deadline = time.monotonic() + self.timeout_s
         try:
             with ThreadPoolExecutor(max_workers=1) as pool:
-                received = pool.submit(self.client.call, "POST", "/update_weights", {"update_info": info},
-                                       what="receive the trainer's weights")
+                received = pool.submit(self.calls.update_weights, info)
                 for run in buckets(metas, BUCKET_BYTES):
                     parts = [weights[i][1].detach().reshape(-1).cpu() for i in run]
                     flat = parts[0] if len(parts) == 1 else torch.cat(parts)  # one tensor: itself, no copy
@@ -133,7 +169,7 @@ class GlooSender:
         except BaseException:
             self.broken = True  # what was broadcast may wait for a server that will not receive it
             raise
-        self.client.call("POST", "/finish_weight_update", what="finish a weight update")
+        self.calls.finish_weight_update()
 
     def close(self) -> None:
         group = getattr(self, "group", None)
@@ -164,26 +200,6 @@ class _Source:
 
     def __iter__(self):
         return iter(self.weights)
-
-
-class _Calls:
-    """vLLM's VLLMWeightSyncClient protocol over grpo's client of one server (its API key, timeouts, errors)."""
-
-    def __init__(self, client):
-        self.client = client
-
-    def init_weight_transfer_engine(self, init_info: dict) -> None:
-        self.client.call("POST", "/init_weight_transfer_engine", {"init_info": init_info},
-                         what="join the trainer's weight-transfer group")
-
-    def start_weight_update(self) -> None:
-        self.client.call("POST", "/start_weight_update", what="start a weight update")
-
-    def update_weights(self, update_info) -> None:
-        self.client.call("POST", "/update_weights", {"update_info": update_info}, what="receive the trainer's weights")
-
-    def finish_weight_update(self, weight_version: str | None = None) -> None:
-        self.client.call("POST", "/finish_weight_update", what="finish a weight update")
 
 
 class NcclSender:

@@ -177,6 +177,14 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert [r["step"] for r in rows(out)] == list(range(done + 3))
 
 
+def interrupted(model_dir, out):
+    """A long run into `out`, sent SIGINT once it has logged its first step."""
+    proc = spawn(model_dir, out, "train.steps=200")
+    wait_for_rows(proc, out, 2)
+    proc.send_signal(signal.SIGINT)
+    return proc
+
+
 def _read_until(proc, text: str) -> str:
     """The run's stderr until a line holds `text` (it stops waiting after 60 s, or when the run ends)."""
     seen, deadline = "", time.monotonic() + 60
@@ -190,9 +198,7 @@ def _read_until(proc, text: str) -> str:
 @pytest.mark.slow
 def test_second_signal_exits_at_once(tmp_path, random_model_dir):
     out = tmp_path / "twice"
-    proc = spawn(random_model_dir, out, "train.steps=200")
-    wait_for_rows(proc, out, 2)
-    proc.send_signal(signal.SIGINT)
+    proc = interrupted(random_model_dir, out)
     time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
     code = proc.wait(timeout=60)
@@ -203,9 +209,7 @@ def test_second_signal_exits_at_once(tmp_path, random_model_dir):
 @pytest.mark.slow
 def test_a_signal_after_the_stop_exits_without_a_traceback(tmp_path, random_model_dir):
     out = tmp_path / "after"
-    proc = spawn(random_model_dir, out, "train.steps=200")
-    wait_for_rows(proc, out, 2)
-    proc.send_signal(signal.SIGINT)
+    proc = interrupted(random_model_dir, out)
     _read_until(proc, "resume with:")  # stopped and checkpointed: the process is on its way out
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGINT)

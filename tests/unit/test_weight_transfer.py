@@ -2,14 +2,13 @@
 update is cut into broadcasts, and a group of the trainer and a stand-in worker on 127.0.0.1 that receives the
 tensors exactly as `grpo.rollout.vllm_gloo` does (the engine itself runs inside real servers in
 tests/integration/test_vllm_server.py)."""
-import math
 import time
 from datetime import timedelta
 
 import pytest
 import torch
 
-from grpo.rollout.vllm_transfer import BUCKET_BYTES, GlooSender, buckets, gloo_group
+from grpo.rollout.vllm_transfer import BUCKET_BYTES, GlooSender, buckets, empty_run, gloo_group, split_run
 
 
 def test_an_update_is_cut_into_runs_of_one_dtype_and_at_most_the_limit():
@@ -40,13 +39,9 @@ class _Worker:
             u = body["update_info"]
             metas = list(zip(u["names"], u["dtype_names"], u["shapes"]))
             for run in buckets(metas, u["bucket_bytes"]):
-                flat = torch.empty(sum(math.prod(metas[i][2]) for i in run), dtype=getattr(torch, metas[run[0]][1]))
+                flat = empty_run(metas, run)
                 self.group.broadcast(flat, 0).wait()
-                at = 0
-                for i in run:
-                    n = math.prod(metas[i][2])
-                    self.received.append((metas[i][0], flat[at:at + n].view(metas[i][2]).clone()))
-                    at += n
+                self.received += split_run(flat, metas, run)
 
 
 def test_the_weights_arrive_bit_for_bit_in_their_order():
