@@ -14,7 +14,8 @@ Advantages (SPEC 1.2, 1.3, 2):
   (a format check, say) next to a process reward keeps its own scale.
 
 Dynamic sampling (`algo.dynamic_sampling`, DAPO §3.2, SPEC 13.8): a group is dropped when all its rewards (its
-outcome totals, and its pooled step rewards) are equal, or when none of its tokens is in the loss; more prompts
+outcome totals, and its pooled step rewards) are equal, compared exactly over its scored completions whatever the
+baseline (SPEC 14.10), or when none of its tokens is in the loss (an unscorable completion has none, 14.11); more prompts
 are drawn, `train.prompts_per_step` a round, until the step has that many informative groups (the surplus of the
 last round is dropped) or `algo.max_sampling_rounds` rounds are spent. At that cap the step trains on the
 informative groups it has and nothing else (a dropped group would still count in the token-mean normaliser and
@@ -179,7 +180,7 @@ def _informative(c: Collector, s: Scored) -> torch.Tensor:
     tokens are in the loss (with `algo.mask_truncated`, a group of truncated episodes teaches nothing)."""
     g = c.sampler.sampling.n
     pooled = torch.where(s.step_ends >= 0, s.step_rewards.double(), float("nan"))
-    learns = trained_tokens(s.rollout, c.spec.mask_truncated).sum(1).cpu() > 0
+    learns = trained_tokens(s.rollout, c.spec.mask_truncated, s.total).sum(1).cpu() > 0
     return ((informative_groups(s.outcome, g).cpu()
              | informative_groups(pooled.reshape(-1).cpu(), g * s.step_ends.shape[1]))
             & learns.view(-1, g).any(dim=1))

@@ -79,7 +79,7 @@ class Experience(Rows):
         if bool(n) != bool(examples) or n % max(len(examples), 1):
             raise ValueError(f"{n} rows do not make {len(examples)} groups of equal size")
         g = n // len(examples) if examples else 0
-        loss_mask = trained_tokens(rollout, mask_truncated)
+        loss_mask = trained_tokens(rollout, mask_truncated, rewards)
         device = rollout.completion_ids.device
         group = torch.arange(len(examples), device=device).repeat_interleave(g)
         return cls(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
@@ -88,9 +88,13 @@ class Experience(Rows):
                    rollout.episodes, rollout.version)
 
 
-def trained_tokens(rollout: Rollout, mask_truncated: bool) -> torch.Tensor:
-    """(N, T) the rollout's loss mask, with truncated rows zeroed when `mask_truncated` (a new tensor)."""
+def trained_tokens(rollout: Rollout, mask_truncated: bool, rewards: torch.Tensor | None = None) -> torch.Tensor:
+    """(N, T) the rollout's loss mask (a new tensor), with truncated rows zeroed when `mask_truncated`, and the
+    unscorable rows zeroed: those whose total reward in `rewards` is NaN, which no reward function scored (SPEC
+    14.11; they also leave the normaliser, `grpo.learn`)."""
     mask = rollout.loss_mask.clone()
     if mask_truncated:
         mask[rollout.truncated] = 0
+    if rewards is not None:
+        mask[rewards.to(mask.device).isnan()] = 0
     return mask

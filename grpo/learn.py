@@ -52,10 +52,11 @@ def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
     """μ updates on `exp` (this process's rows; every process calls it): one dict of summed figures per update
     (`grpo.metrics.step_metrics` reduces them)."""
     spec = learner.spec
-    # 5. the normaliser over the whole step: every process holds an equal share of sequences, so only the token
-    # count needs a collective
-    normalizer = loss_normalizer(spec, num_sequences=len(exp) * dist.world_size,
-                                 num_tokens=int(dist.sum(exp.loss_mask.sum().item())))
+    # 5. the normaliser over the whole step, from every process's counts: its sequences (an unscorable one, which
+    # no reward function scored, is not one: SPEC 14.11) and its loss tokens
+    counts = torch.tensor([float((~exp.rewards.isnan()).sum()), float(exp.loss_mask.sum())], dtype=torch.float64)
+    sequences, tokens = dist.gather(counts).view(-1, 2).sum(0).tolist()
+    normalizer = loss_normalizer(spec, num_sequences=int(sequences), num_tokens=int(tokens))
     parts = list(micro_batches(exp.prompt_mask, exp.completion_mask, learner.max_rows, learner.max_tokens))
     quarters = _quarters(exp, parts)
     # 6. reference and old log-probs, without gradients

@@ -22,7 +22,8 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
     lengths = dist.gather(exp.lengths.float().cpu())
     m: dict[str, float] = {}
     if len(exp):
-        m.update({"reward/mean": _nanmean(rewards), "reward/std": _nanstd(rewards)})
+        m.update({"reward/mean": _nanmean(rewards), "reward/std": _nanstd(rewards),
+                  "reward/unscored_frac": rewards.isnan().float().mean().item()})  # no function scored them
         for name, values in exp.per_fn.items():
             m[f"reward/{name}"] = _nanmean(dist.gather(values))
         # groups without a policy gradient: every advantage on their loss tokens is 0 (equal rewards, for outcome

@@ -194,8 +194,10 @@ def process_advantages(step_rewards: torch.Tensor, step_ends: torch.Tensor, grou
 
 def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Which groups carry a learning signal: (N,) rewards → (N / G,) bool, True where the group's valid (non-NaN)
-    rewards are not all equal. The filter of DAPO's dynamic sampling (SPEC 13.8: the std of the total reward
-    is 0, which works for continuous rewards too); a group with fewer than two valid rewards is not informative.
+    rewards are not all equal. The filter of DAPO's dynamic sampling (SPEC 13.8, 14.10): a property of the whole
+    group, whatever the baseline (under a leave-one-out baseline [1, 0, 0, 0] is kept whole, though the first
+    row's siblings are all equal), decided by exact comparison, never by a floating std; a group with fewer than
+    two valid rewards is not informative, and a NaN never enters the comparison ((1, 1, NaN, 1) is dropped).
 
     Example: G = 4, rewards [1, 0, 0, 1, 1, 1, 1, 1, 0.5, 0.5, nan, 0.5] → [True, False, False].
     """

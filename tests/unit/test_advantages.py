@@ -217,3 +217,41 @@ def test_gdpo_unscored_values_and_constant_groups():
     close(adv, torch.cat([expect, t(0.0)]))
     assert torch.equal(gdpo_advantages(torch.ones(4, 2, dtype=torch.float64), [1, 1], 4, spec()),
                        torch.zeros(4, dtype=torch.float64))
+
+
+# ---- the group rule of dynamic sampling under any baseline (SPEC 14.10) and unscorable completions (14.11)
+
+def test_informativeness_is_the_groups_under_a_leave_one_out_baseline():
+    from grpo.algo import informative_groups
+    nan = float("nan")
+    # one differing completion: every row's siblings but its own are identical; the group is kept whole
+    assert informative_groups(t(1, 0, 0, 0, 1, 1, 1, 0, 1, 1, 0, 0), 4).tolist() == [True, True, True]
+    # (1, 1, None, 1): a NaN-propagating max != min would keep it; the rule drops it. One scored value: dropped
+    assert informative_groups(t(1, 1, nan, 1, nan, nan, 0.5, nan), 4).tolist() == [False, False]
+    # never a floating std: seven copies of 0.95 beside a 0, and eight copies, decided exactly
+    assert informative_groups(t(0, *[0.95] * 7, *[0.95] * 8), 8).tolist() == [True, False]
+    # NeMo-RL's table, leave-one-out advantages (Â = r − b)
+    close(rloo_advantages(t(1, 0, 0, 0), 4), [1, -1 / 3, -1 / 3, -1 / 3])
+    close(rloo_advantages(t(1, 1, 1, 0), 4), [1 / 3, 1 / 3, 1 / 3, -1])
+    close(rloo_advantages(t(1, 1, 0, 0), 4), [2 / 3, 2 / 3, -2 / 3, -2 / 3])
+
+
+def test_unscorable_completions_leave_the_statistics():
+    nan = float("nan")
+    close(compute_advantages(t(1, 0, nan, 1), 4, spec()), [0.577250, -1.154501, 0, 0.577250])
+    close(compute_advantages(t(-1, -1, nan, 0.5), 4, spec()), [-0.577284, -0.577284, 0, 1.154567])
+    close(compute_advantages(t(1, 0, nan, 1), 4, spec(scale="rloo")), [0.5, -1, 0, 0.5])
+    for scale in ("group", "batch", "none", "rloo", "maxrl"):  # fewer than two scored: 0 on every row
+        assert compute_advantages(t(nan, 1, nan, nan), 4, spec(scale=scale)).abs().sum() == 0, scale
+
+
+def test_partly_scored_completions_under_both_aggregations():
+    from grpo.algo import gdpo_advantages
+    from grpo.rewards import score
+    nan = float("nan")
+    acc, fmt = [1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 0.0, None]
+    scores = score([("acc", lambda prompts, completions, **_: acc), ("fmt", lambda prompts, completions, **_: fmt)], None, ["q"] * 4, ["a"] * 4, {})
+    assert scores.total.tolist() == [2, 1, 0, 1]  # the missing value counts as 0
+    close(compute_advantages(scores.total, 4, spec()), [1.224595, 0, -1.224595, 0])
+    per_fn = torch.tensor([acc, [1.0, 1.0, 0.0, nan]]).T.double()
+    close(gdpo_advantages(per_fn, [1, 1], 4, spec()), [0.944849, -0.188970, -1.322789, 0.566910])

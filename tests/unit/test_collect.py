@@ -443,3 +443,42 @@ def test_maxrl_rewards_outside_0_1_are_one_line():
 
 def twice(prompts, completions, answer, **_):
     return [2.0 * r for r in last_number(prompts, completions, answer)]
+
+
+def maybe_one(prompts, completions, **_):
+    return [None if c == "none" else float(c == "1") for c in completions]
+
+
+def test_unscorable_completions_leave_the_loss_and_its_normaliser(random_model_dir):
+    # SPEC 14.11, our choice (14.13): a completion no reward function scores gets Â = 0, and leaves the loss mask
+    # and N, so it gets no KL gradient either; the step's loss is that of the scored rows alone
+    from grpo.metrics import step_metrics
+    episodes = Scripted({"p0": ["1", "0", "none", "1"], "p1": ["0", "none", "none", "1"]})
+    c = collector(episodes, [("maybe", maybe_one)], eps=1e-4)
+    c = replace(c, sampler=replace(c.sampler, sampling=Sampling(4, 8)))
+    exp = collect(c, stream(["p0", "p1"]), Dist())
+    unscored = exp.rewards.isnan()
+    assert unscored.sum() == 3 and exp.loss_mask[unscored].sum() == 0 and exp.loss_mask[~unscored].sum(1).gt(0).all()
+    assert exp.advantages[unscored].abs().sum() == 0
+    p0 = [i for i, e in enumerate(exp.group.tolist()) if exp.examples[e].prompt == "p0"]
+    assert torch.allclose(exp.advantages[p0, 0], torch.tensor([0.577250, -1.154501, 0, 0.577250]), atol=1e-6)
+    model, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    reference, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    torch.manual_seed(0)
+    with torch.no_grad():  # a reference away from the policy, so that the KL term is not 0
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    module = LogprobModule(model)
+
+    def loss(e, aggregation):
+        learner = Learner(module, LogprobModule(reference), torch.optim.SGD(model.parameters(), lr=0.0),
+                          loss_spec(8, beta=0.04, aggregation=aggregation), 1.0, 8, max_rows=3, max_tokens=0,
+                          max_grad_norm=1.0)
+        return learn(learner, e, Dist())[0]["loss"]
+
+    scored = exp.select((~unscored).nonzero().flatten().tolist())
+    for aggregation in ("seq_mean", "token_mean", "constant"):
+        got, want = loss(exp, aggregation), loss(scored, aggregation)
+        assert abs(want) > 1e-4 and got == pytest.approx(want, rel=1e-4), aggregation  # float32 micro-batches
+    m = step_metrics(exp, [], Dist(), group_size=4, seconds=1.0, rollout_seconds=1.0, lr=1.0)
+    assert m["reward/unscored_frac"] == 3 / 8 and m["reward/mean"] == pytest.approx(3 / 5)
