@@ -247,6 +247,29 @@ class AlgoConfig:
                                              "ones keep.", gt=0)
     sampler_correction_floor: float = opt(0.0, "C_min: the lower clamp of the truncated weights, the smallest ratio "
                                                "the masked ones keep; 0: no lower bound.", ge=0)
+    off_policy_mask_threshold: float | None = opt(
+        None, "δ of off-policy sequence masking (OPSM, DeepSeek-V3.2; TRL's name, whose docs suggest 0.5): the policy "
+              "term of a sequence with Â < 0 is dropped when the mean over its loss tokens of ℓ_sampler − ℓ exceeds "
+              "δ (the sampler's log-probs with vLLM, else the old policy's, so with num_iterations=1 and hf it never "
+              "fires); its tokens stay in the normaliser and keep the KL term. None: off.", ge=0)
+    unbiased_kl: Literal["off", "prox", "behaviour"] = opt(
+        "off", "The KL term: plain k3 (off), DeepSeek-V3.2's unbiased r·k3 with r = π_θ/π_old not detached (prox; "
+               "TRL's use_bias_correction_kl: the reverse-KL gradient, for num_iterations > 1 or several steps per "
+               "rollout), or also weighted by the detached sampler correction w (behaviour: corrects the sampler "
+               "mismatch too, up to its cap). Needs beta > 0.")
+    entropy_coef: float = opt(0.0, "c of the entropy bonus: the loss gains −c·H̄, H̄ the policy's mean entropy over "
+                                   "the step's loss tokens (logits ÷ temperature), which raises the entropy; with "
+                                   "use_adaptive_entropy the first coefficient. 0: off.", ge=0)
+    use_adaptive_entropy: bool = opt(False, "Adapt c after every optimiser step (Skywork-OR1, TRL's rule): up by "
+                                            "entropy_coef_delta when the step's mean entropy is at or below "
+                                            "entropy_target, else down, within [entropy_coef_min, entropy_coef_max]; "
+                                            "a step applies c only when the last step's entropy was at or below the "
+                                            "target (none at the first). c and the entropy are checkpointed.")
+    entropy_coef_delta: float = opt(0.005, "Δ of the adaptive entropy coefficient (TRL's).", ge=0)
+    entropy_coef_min: float = opt(0.0, "Smallest adaptive entropy coefficient.", ge=0)
+    entropy_coef_max: float = opt(1.0, "Largest adaptive entropy coefficient.", ge=0)
+    entropy_target: float = opt(0.2, "H_tgt in nats: the mean entropy the adaptive coefficient steers towards "
+                                     "(TRL's 0.2; language models usually sit well above it).", ge=0)
 
     def __post_init__(self) -> None:
         """Fill the options not given from the preset (else their declared default); remember which were given."""

@@ -21,12 +21,21 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.algo import (LossSpec, entropy_figures, entropy_threshold, loss_normalizer, policy_loss, sampler_weights,
-                       top_entropy_mask)
+from grpo.algo import (LossSpec, applied_entropy_coef, entropy_bonus, entropy_figures, entropy_threshold,
+                       loss_normalizer, next_entropy_coef, policy_loss, sampler_weights, top_entropy_mask)
 from grpo.algo.entropy import QUARTERS, position_quarters, quarter_counts, quarter_index
 from grpo.distributed import Dist, no_sync
 from grpo.experience import Experience
 from grpo.policy import inference
+
+
+@dataclass
+class EntropyControl:
+    """The adaptive entropy coefficient between optimiser steps (SPEC 14.7; `algo.use_adaptive_entropy`): c_k, and
+    H_{k−1}, the mean entropy of the last step (+∞ before the first). The trainer checkpoints both."""
+
+    coef: float
+    last_entropy: float = math.inf
 
 
 @dataclass(frozen=True)
@@ -42,10 +51,11 @@ class Learner:
     max_rows: int                            # compute.micro_batch_size
     max_tokens: int                          # compute.micro_batch_tokens (0: no cap)
     max_grad_norm: float                     # 0: no clipping
+    entropy: EntropyControl | None = None    # the adaptive entropy coefficient's state; None: a fixed one
 
 
 # the figures of `policy_loss` that are not means over the loss tokens (the others are summed as mean × tokens)
-_LOSS_PARTS = ("loss/policy", "loss/kl", "tokens")
+_LOSS_PARTS = ("loss/policy", "loss/kl", "loss/entropy", "tokens")
 
 
 def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
@@ -73,7 +83,7 @@ def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
         threshold = entropy_threshold(torch.cat(dist.gather_objects(mine)), spec.top_entropy_quantile)
         keep = top_entropy_mask(old_entropy, exp.loss_mask, threshold)
     # 7. μ updates
-    return [_update(learner, dist, exp, parts, quarters, normalizer, ref_logp, old_logp, keep)
+    return [_update(learner, dist, exp, parts, quarters, normalizer, tokens, ref_logp, old_logp, keep)
             for _ in range(spec.num_iterations)]
 
 
@@ -126,11 +136,16 @@ def _logprobs_no_grad(learner: Learner, module, exp: Experience, parts, entropy:
     return out, ent
 
 
-def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, normalizer: float, ref_logp, old_logp,
-            keep) -> dict:
+def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, normalizer: float, tokens: float,
+            ref_logp, old_logp, keep) -> dict:
     """One optimiser update over the whole step: gradients summed over micro-batches and processes. An update
-    whose loss or gradient is not finite is skipped, on every process alike."""
+    whose loss or gradient is not finite is skipped, on every process alike. `tokens`: the step's loss tokens,
+    every process's (the entropy bonus's normaliser)."""
     spec = learner.spec
+    control = learner.entropy
+    coef = applied_entropy_coef(control.coef if control else spec.entropy_coef,
+                                control.last_entropy if control else math.inf, spec)
+    bonused = control is not None or spec.entropy_coef > 0  # "loss/entropy" and "entropy_coef" are logged
     learner.optimizer.zero_grad(set_to_none=True)
     sums: dict[str, torch.Tensor] = {}     # float64 on the device, added micro-batch by micro-batch
     largest: dict[str, torch.Tensor] = {}  # the same, for figures that are maxima
@@ -142,22 +157,27 @@ def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, norm
             old = old_logp[rows, ccols] if old_logp is not None else logp.detach()
             ref = ref_logp[rows, ccols] if ref_logp is not None else None
             mask = exp.loss_mask[rows, ccols]
-            figures = entropy_figures(entropy, mask, index)  # the current policy's, as logged
+            figures = entropy_figures(entropy.detach(), mask, index)  # the current policy's, as logged
             counts = [c + k for c, k in zip(counts, n)]
-            weight = keep[rows, ccols] if keep is not None else None  # 0 on tokens below the entropy threshold
-            mismatch = None
+            mismatch, correction, sampler = None, None, None
             if exp.sampler_logp is not None:  # π_old / π_smp: the trainer's log-probs against the sampler's
-                correction, mismatch = sampler_weights(old, exp.sampler_logp[rows, ccols], mask, spec)
-                weight = correction if weight is None else weight * correction
+                sampler = exp.sampler_logp[rows, ccols]
+                correction, mismatch = sampler_weights(old, sampler, mask, spec)
             loss, stats = policy_loss(logp, old, exp.advantages[rows, ccols], mask, spec, ref_logp=ref,
-                                      normalizer=normalizer, is_weight=weight)
+                                      normalizer=normalizer, is_weight=correction,
+                                      keep=keep[rows, ccols] if keep is not None else None,  # the top-entropy mask
+                                      behaviour_logp=sampler)
+            if bonused:  # −c·H̄ over the step's loss tokens (SPEC 14.7)
+                bonus = entropy_bonus(entropy, mask, coef, tokens)
+                loss = loss + bonus
+                stats["loss/entropy"] = bonus.detach()
             finite = finite & torch.isfinite(loss)
             # the normaliser already counts every process; DDP and FSDP average gradients over processes,
             # so scale by the world size to get their sum
             (loss * dist.world_size).backward()
-        tokens = stats["tokens"].double()
-        _add(sums, {"loss": loss.detach(), **{k: stats[k] for k in _LOSS_PARTS}})
-        _add(sums, {k: v.double() * tokens for k, v in stats.items() if k not in _LOSS_PARTS})  # mean × tokens
+        count = stats["tokens"].double()
+        _add(sums, {"loss": loss.detach(), **{k: stats[k] for k in _LOSS_PARTS if k in stats}})
+        _add(sums, {k: v.double() * count for k, v in stats.items() if k not in _LOSS_PARTS})  # mean × tokens
         if mismatch is not None:
             top = mismatch.pop("abs_diff_max").double()
             largest["mismatch/abs_diff_max"] = torch.fmax(largest.get("mismatch/abs_diff_max", torch.zeros_like(top)),
@@ -175,6 +195,11 @@ def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, norm
     totals: dict = dict(zip(names, values))
     totals.update({f"entropy/q{k + 1}_tokens": c for k, c in enumerate(counts)})
     totals["grad_norm"] = grad_norm
+    if bonused:
+        totals["entropy_coef"] = coef
+    if control is not None:  # the step's mean entropy, every process's, sets the next coefficient
+        control.last_entropy = dist.sum(totals["entropy"]) / max(tokens, 1.0)
+        control.coef = next_entropy_coef(control.coef, control.last_entropy, spec)
     nonfinite = None if loss_finite else "loss"
     if nonfinite is None and not math.isfinite(grad_norm):
         name = next((n for n, p in learner.trainable.named_parameters() if p.grad is not None

@@ -45,6 +45,9 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
             n = u[f"entropy/q{q}_tokens"]
             m[f"entropy/q{q}"] = u[f"entropy/q{q}"] / n if n else float("nan")
         m.update({"loss": u["loss"], "loss/policy": u["loss/policy"], "loss/kl": u["loss/kl"]})
+        if "loss/entropy" in u:  # the entropy bonus −c·H̄ (algo.entropy_coef), and the c applied
+            m["loss/entropy"] = u["loss/entropy"]
+            m["entropy/coef"] = sum(d["entropy_coef"] for d in updates) / len(updates)
         m["grad_norm"] = sum(d["grad_norm"] for d in updates) / len(updates)
     if len(exp):
         m["completion/mean_length"] = lengths.mean().item()  # episode tokens: in multi-turn ones, tool results too
@@ -64,9 +67,9 @@ def step_metrics(exp: Experience, updates: list[dict], dist: Dist, *, group_size
 
 
 # the figures of `grpo.learn` updates that are not sums over the loss tokens to be divided by their count
-_NOT_PER_TOKEN = ("loss", "loss/policy", "loss/kl", "tokens")
+_NOT_PER_TOKEN = ("loss", "loss/policy", "loss/kl", "loss/entropy", "tokens")
 _MAXIMA = ("mismatch/abs_diff_max",)  # the largest over updates and processes, not a sum
-_PER_UPDATE = ("grad_norm", "nonfinite")  # each update's own (on every process alike)
+_PER_UPDATE = ("grad_norm", "nonfinite", "entropy_coef")  # each update's own (on every process alike)
 
 
 def update_figures(updates: list[dict], dist: Dist) -> dict[str, float]:

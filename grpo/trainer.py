@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import random
 import re
 import time
@@ -35,7 +36,7 @@ from grpo.distributed import Dist, process_group, wrap_for_training
 from grpo.envs import build_environment, prompt_formatter
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
-from grpo.learn import Learner, learn
+from grpo.learn import EntropyControl, Learner, learn
 from grpo.metrics import sample_rows, step_metrics
 from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
@@ -79,6 +80,7 @@ class TrainState:
     initial_eval: dict = field(default_factory=dict)
     final_eval: dict = field(default_factory=dict)
     stream: dict = field(default_factory=dict)  # {"epoch", "position"} of the prompt stream
+    entropy: dict = field(default_factory=dict)  # {"coef", "last_entropy" (None: +∞)} of algo.use_adaptive_entropy
 
 
 def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
@@ -306,7 +308,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     learner = Learner(trainable, reference, optimizer,
                       LossSpec.from_algo(a, max_completion_length=max_episode_tokens(cfg, policy)),
                       cfg.rollout.temperature, m.logprob_chunk_size, c.micro_batch_size, c.micro_batch_tokens,
-                      cfg.optim.max_grad_norm)
+                      cfg.optim.max_grad_norm, EntropyControl(a.entropy_coef) if a.use_adaptive_entropy else None)
     # every prompt fits the context with room for a completion (refused, or cut from the left)
     limit, why = prompt_limit(policy, cfg)
     fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,
@@ -343,11 +345,18 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
     # an engine started from the initial weights samples from these, the version after state.step steps
     run.generator.sync_weights(run.policy, state.step)
     run.stream.restore(state.stream["epoch"], state.stream["position"])
+    if run.learner.entropy is not None and state.entropy:
+        last = state.entropy["last_entropy"]
+        run.learner.entropy.coef = state.entropy["coef"]
+        run.learner.entropy.last_entropy = math.inf if last is None else last
     return state
 
 
 def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
     state.stream = {"epoch": run.stream.epoch, "position": run.stream.position}
+    if (control := run.learner.entropy) is not None:
+        state.entropy = {"coef": control.coef,
+                         "last_entropy": None if math.isinf(control.last_entropy) else control.last_entropy}
     path, error = None, None
     try:  # only the main process writes; if it cannot, every process stops with its message (none waits for it)
         path = save_checkpoint(Path(cfg.train.output_dir), state.step, model=run.policy, optimizer=run.optimizer,

@@ -66,6 +66,10 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
             out.append(f"{' and '.join(clips)} set: {why}")
         if a.dual_clip:
             out.append(f"algo.dual_clip={a.dual_clip:g}: {why}")
+        if a.off_policy_mask_threshold is not None:
+            out.append(f"algo.off_policy_mask_threshold={a.off_policy_mask_threshold:g}: with algo.num_iterations=1 "
+                       "and the in-process sampler the old policy is the current one, so OPSM's statistic is 0 and it "
+                       "never drops a sequence; it needs a sampler of its own or algo.num_iterations > 1")
         corrections = sorted(k for k in explicit if k.startswith("algo.sampler_correction"))
         if corrections:
             out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
@@ -153,6 +157,12 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.algo.dual_clip and cfg.algo.surrogate != "clip":
         raise ConfigError(f"algo.dual_clip={cfg.algo.dual_clip:g} bounds PPO's clipped surrogate; algo.surrogate="
                           f"{cfg.algo.surrogate} has none: set algo.dual_clip=0 or algo.surrogate=clip")
+    if cfg.algo.unbiased_kl != "off" and not cfg.algo.beta:
+        raise ConfigError(f"algo.unbiased_kl={cfg.algo.unbiased_kl} corrects the KL term, and algo.beta=0 has none: "
+                          "set algo.beta > 0 or algo.unbiased_kl=off")
+    if cfg.algo.entropy_coef_min > cfg.algo.entropy_coef_max:
+        raise ConfigError(f"algo.entropy_coef_min={cfg.algo.entropy_coef_min:g} must be at most "
+                          f"algo.entropy_coef_max={cfg.algo.entropy_coef_max:g}")
     if cfg.algo.sampler_correction_floor >= cfg.algo.sampler_correction_cap:
         raise ConfigError(f"algo.sampler_correction_floor={cfg.algo.sampler_correction_floor} must be less than "
                           f"algo.sampler_correction_cap={cfg.algo.sampler_correction_cap}")

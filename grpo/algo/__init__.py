@@ -7,7 +7,8 @@ from grpo.algo.advantages import (ADVANTAGES, compute_advantages, gdpo_advantage
                                   informative_groups, maxrl_advantages, process_advantages, rloo_advantages)
 from grpo.algo._checks import RewardRangeError
 from grpo.algo.correction import CORRECTIONS, sampler_weights
-from grpo.algo.entropy import entropy_figures, entropy_threshold, top_entropy_mask
+from grpo.algo.entropy import (applied_entropy_coef, entropy_bonus, entropy_figures, entropy_threshold,
+                               next_entropy_coef, top_entropy_mask)
 from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
 from grpo.algo.loss import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, kl_penalty, loss_normalizer, policy_loss
 from grpo.algo.presets import PRESETS, Preset, get_preset, preset_values
@@ -15,7 +16,8 @@ from grpo.algo.specs import AdvantageSpec, LossSpec
 from grpo.algo.surrogates import SURROGATES
 
 __all__ = ["ADVANTAGES", "AGGREGATIONS", "AdvantageSpec", "CORRECTIONS", "KL_KINDS", "LossSpec", "PRESETS",
-           "Preset", "RATIO_LEVELS", "RewardRangeError", "SURROGATES", "compute_advantages", "entropy_figures", "entropy_threshold",
+           "Preset", "RATIO_LEVELS", "RewardRangeError", "SURROGATES", "applied_entropy_coef", "compute_advantages",
+           "entropy_bonus", "entropy_figures", "entropy_threshold", "next_entropy_coef",
            "gdpo_advantages", "get_preset", "group_advantages", "informative_groups", "kl_penalty",
            "loss_normalizer", "maxrl_advantages", "policy_loss", "preset_values", "process_advantages",
            "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden", "top_entropy_mask"]

@@ -81,3 +81,45 @@ def entropy_figures(entropy: torch.Tensor, mask: torch.Tensor, index: list[torch
     # a sum over the gathered tokens, not a masked sum over the whole batch: the same numbers in the same order
     # as indexing by a boolean mask, so the same rounding
     return {"entropy": h.sum(), **{f"entropy/q{k + 1}": flat[i].sum() for k, i in enumerate(index)}}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the entropy bonus (SPEC 14.7, our choices 14.13)
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float, num_tokens: float) -> torch.Tensor:
+    """−c·H̄ with H̄ = Σ m·H / N: the term added to the loss, so that minimising it raises the entropy.
+
+    `entropy` (B, T) is the current policy's, differentiable (the training pass's, logits ÷ T); `mask` the loss
+    mask (the top-entropy mask does not apply); `num_tokens` N the loss-bearing tokens of the whole optimiser
+    step (every micro-batch and process), whatever the loss's aggregation, so that micro-batch terms add up.
+    Nothing is detached: ∂(−c·H̄)/∂z = c·ν·p ⊙ (log p + H)/T per token, ν = m/N.
+
+    Example (SPEC 14.7): entropies (0.10, 2.30) and (0.05, 1.20, 0.40), c = 0.01, N = 5 → −0.0081.
+    """
+    check_tensor("entropy", entropy, 2)
+    check_same_shape("mask", mask, "entropy", entropy)
+    if not coef:
+        return torch.zeros((), dtype=entropy.dtype, device=entropy.device)
+    h = torch.where(mask.bool(), entropy, torch.zeros((), dtype=entropy.dtype, device=entropy.device))
+    return -coef * h.sum() / max(1.0, float(num_tokens))
+
+
+def applied_entropy_coef(coef: float, last_entropy: float, spec) -> float:
+    """The coefficient an optimiser step applies: `spec.entropy_coef` when fixed; adaptive (`use_adaptive_entropy`,
+    TRL's rule, SPEC 14.7), the current c_k if the last step's mean entropy H_{k−1} was at or below
+    `spec.entropy_target`, else 0 (and 0 at the first step, whose H_0 is +∞)."""
+    if not spec.use_adaptive_entropy:
+        return spec.entropy_coef
+    return coef if last_entropy <= spec.entropy_target else 0.0
+
+
+def next_entropy_coef(coef: float, entropy: float, spec) -> float:
+    """c_{k+1} from c_k and the step's mean entropy H_k (adaptive only): c_k + Δ at or below the target, else
+    c_k − Δ, kept in [entropy_coef_min, entropy_coef_max].
+
+    Example (SPEC 14.7): c₁ = 0, Δ = 0.005, target 0.2, H = (0.5, 0.1, 0.15, 0.3) → the steps 1-5 apply (0, 0,
+    0.005, 0.01, 0).
+    """
+    if entropy <= spec.entropy_target:
+        return min(coef + spec.entropy_coef_delta, spec.entropy_coef_max)
+    return max(coef - spec.entropy_coef_delta, spec.entropy_coef_min)

@@ -45,7 +45,8 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
 
     With `chunk_size`, at most `chunk_size` positions are turned into float32 at a time, forward and backward.
     `entropy=True` also returns the entropy H = logsumexp(z) − Σ_v p_v z_v of softmax(z), z = logits /
-    temperature, per position: (logp, H), H detached (no gradient flows through it).
+    temperature, per position: (logp, H). H is differentiable (∂H/∂logits = −p ⊙ (log p + H) / temperature: the
+    entropy bonus, SPEC 14.7); what does not use it costs nothing in the backward pass.
 
     Example: logits [[[0, ln 3]]] (one position, V = 2), target 1 → log(3/4) = −0.287682; H = 0.562335.
     """
@@ -56,8 +57,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
         out = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         if not entropy:
             return out
-        with torch.no_grad():
-            return out, -(logp.exp() * logp).sum(-1)
+        return out, -(logp.exp() * logp).sum(-1)
     check_positive_int("chunk_size", chunk_size)
     b, t, v = logits.shape
     out, ent = _ChunkedLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), temperature, chunk_size,
@@ -70,7 +70,7 @@ def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targe
                                matmul_dtype: torch.dtype | None = None, entropy: bool = False):
     """log softmax((hidden @ weight.T) / temperature)[targets]: (B, T, H), (V, H), (B, T) → (B, T) float32.
     `entropy=True` also returns the entropy of each position's distribution, from the same chunks (never a
-    (B, T, V) tensor; SPEC 13.5): (logp, H), H detached.
+    (B, T, V) tensor; SPEC 13.5): (logp, H), H differentiable as in `token_logprobs`.
 
     `weight` is the output projection (`model.lm_head.weight`, no bias). The (chunk, V) logits exist one
     chunk at a time; gradients flow to both `hidden` and `weight`. `matmul_dtype` (e.g. bfloat16, as autocast
@@ -113,11 +113,21 @@ def _entropies(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> 
     return like.new_empty(n if wanted else 0, dtype=dtype)
 
 
-def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.Tensor, temperature: float):
-    """Gradient of Σ g·logp with respect to this chunk's logits z, in float32."""
-    p = torch.exp(z.to(_acc(z.dtype)) / temperature - lse.unsqueeze(-1))
-    grad = p.mul_(-g.unsqueeze(-1))
-    grad.scatter_add_(-1, tgt.unsqueeze(-1), g.unsqueeze(-1))
+def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.Tensor | None, temperature: float,
+               g_ent: torch.Tensor | None = None, ent: torch.Tensor | None = None):
+    """Gradient of Σ g·logp + Σ g_ent·H with respect to this chunk's logits z, in float32 (g None: 0; g_ent None:
+    the entropies unused): ∂logp/∂z = (1[target] − p)/T, ∂H/∂z = −p ⊙ (log p + H)/T."""
+    logp = z.to(_acc(z.dtype)) / temperature - lse.unsqueeze(-1)
+    p = torch.exp(logp)
+    if g_ent is None:
+        grad = p.mul_(-g.unsqueeze(-1))
+    else:
+        weight = g_ent.unsqueeze(-1) * (logp + ent.unsqueeze(-1))
+        if g is not None:
+            weight = weight + g.unsqueeze(-1)
+        grad = p.mul_(-weight)
+    if g is not None:
+        grad.scatter_add_(-1, tgt.unsqueeze(-1), g.unsqueeze(-1))
     return grad.div_(temperature)
 
 
@@ -132,18 +142,21 @@ class _ChunkedLogprobs(torch.autograd.Function):
             out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(
                 logits[s:s + chunk_size], targets[s:s + chunk_size], temperature,
                 ent[s:s + chunk_size] if entropy else None)
-        ctx.save_for_backward(logits, targets, lse)
+        ctx.save_for_backward(logits, targets, lse, ent)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
-        ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)  # an output the loss does not use has no gradient (None), not zeros
         return out, ent
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_entropy):
-        logits, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_out, grad_ent):
+        logits, targets, lse, ent = ctx.saved_tensors
+        if grad_out is None and grad_ent is None:
+            return None, None, None, None, None
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], ctx.chunk_size):
             e = s + ctx.chunk_size
-            grad[s:e] = _chunk_grad(logits[s:e], targets[s:e], lse[s:e], grad_out[s:e].to(lse.dtype), ctx.temperature)
+            grad[s:e] = _chunk_grad(logits[s:e], targets[s:e], lse[s:e], _part(grad_out, s, e, lse),
+                                    ctx.temperature, _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent))
         return grad, None, None, None, None
 
 
@@ -161,14 +174,16 @@ class _HiddenLogprobs(torch.autograd.Function):
                 z = hidden[s:s + chunk_size].to(dtype) @ w.T
                 out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(
                     z, targets[s:s + chunk_size], temperature, ent[s:s + chunk_size] if entropy else None)
-        ctx.save_for_backward(hidden, weight, targets, lse)
+        ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
-        ctx.mark_non_differentiable(ent)
+        ctx.set_materialize_grads(False)  # an output the loss does not use has no gradient (None), not zeros
         return out, ent
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_entropy):
-        hidden, weight, targets, lse = ctx.saved_tensors
+    def backward(ctx, grad_out, grad_ent):
+        hidden, weight, targets, lse, ent = ctx.saved_tensors
+        if grad_out is None and grad_ent is None:
+            return None, None, None, None, None, None, None
         dtype = ctx.dtype
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=_acc(dtype), device=weight.device) \
@@ -178,10 +193,16 @@ class _HiddenLogprobs(torch.autograd.Function):
             for s in range(0, hidden.shape[0], ctx.chunk_size):
                 e = s + ctx.chunk_size
                 h = hidden[s:e].to(dtype)
-                dz = _chunk_grad(h @ w.T, targets[s:e], lse[s:e], grad_out[s:e].to(lse.dtype), ctx.temperature)
+                dz = _chunk_grad(h @ w.T, targets[s:e], lse[s:e], _part(grad_out, s, e, lse), ctx.temperature,
+                                 _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent))
                 dz = dz.to(dtype)
                 if grad_h is not None:
                     grad_h[s:e] = dz @ w
                 if grad_w is not None:
                     grad_w += (dz.T @ h).to(grad_w.dtype)
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+
+
+def _part(x: torch.Tensor | None, s: int, e: int, like: torch.Tensor, wanted: object = True) -> torch.Tensor | None:
+    """Rows s:e of `x` in `like`'s dtype; None when `x` (or what it serves, `wanted`) is None."""
+    return None if x is None or wanted is None else x[s:e].to(like.dtype)

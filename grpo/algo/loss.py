@@ -69,6 +69,28 @@ def _sequence_ratio(log_ratio: torch.Tensor, lp: torch.Tensor, m: torch.Tensor) 
 
 RATIO_LEVELS = {"token": _token_ratio, "sequence": _sequence_ratio}
 
+# the KL term: plain k, or DeepSeek-V3.2's unbiased r·k (r live, to π_prox), or also weighted by the detached
+# behaviour weight (SPEC 14.5, 14.13)
+UNBIASED_KL = ("off", "prox", "behaviour")
+
+
+def off_policy_sequence_mask(logp: torch.Tensor, behaviour_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
+                             threshold: float) -> torch.Tensor:
+    """DeepSeek-V3.2's off-policy sequence masking (OPSM, SPEC 14.5): (B, T) → (B, T) bool, False on the tokens of a
+    sequence whose policy term is dropped. A sequence is dropped when its advantage is negative and
+    Σ_t m·(ℓ_beh − sg ℓ) / max(1, Σ_t m) > `threshold` (strict): the k1 estimate of KL(π_beh‖π_θ) along the
+    sequence, over its loss tokens. Per-token advantages (process supervision) decide token by token.
+
+    Example (SPEC 14.5, δ = 0.5, Â < 0): ℓ_beh = (−0.2, −0.4, −0.1), ℓ = (−1.5, −0.9, −0.3): mean 0.666667 > δ,
+    dropped; (−0.6, −1.0) against (−0.8, −1.3): 0.25, kept; with Â ≥ 0 the first is kept too.
+    """
+    valid = mask.bool()
+    m = valid.to(logp.dtype)
+    drift = torch.where(valid, behaviour_logp.detach().to(logp.dtype) - logp.detach(), torch.zeros_like(m))
+    statistic = drift.sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp(min=1)
+    a = adv.unsqueeze(1) if adv.dim() == 1 else adv
+    return (~((a < 0) & (statistic > threshold))).expand(logp.shape)
+
 
 # ---------------------------------------------------------------------------------------------------------
 # aggregations: the step-wide denominator, and the numerator of a batch
@@ -116,7 +138,8 @@ def loss_normalizer(spec: LossSpec, *, num_sequences: int, num_tokens: int) -> f
 
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, spec: LossSpec, *,
                 ref_logp: torch.Tensor | None = None, normalizer: float | None = None,
-                is_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                is_weight: torch.Tensor | None = None, keep: torch.Tensor | None = None,
+                behaviour_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Surrogate loss with a KL penalty: (B, T) log-probs → (scalar loss, stats).
 
     Args:
@@ -130,16 +153,24 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
         normalizer: the aggregation's denominator for the whole optimiser step (`loss_normalizer`); None
             takes it from this batch alone.
         is_weight: (B, T) sampler–trainer correction weights (`grpo.algo.sampler_weights`, SPEC 13.1), detached
-            and multiplied into the policy term after clipping, never into the KL term; None means 1.
+            and multiplied into the policy term after clipping; into the KL term only with
+            spec.unbiased_kl="behaviour" (SPEC 14.13); None means 1.
+        keep: (B, T) 0/1 weights of the policy term alone (top-entropy masking, SPEC 13.5); None means 1.
+        behaviour_logp: (B, T) ℓ_beh of OPSM (spec.off_policy_mask_threshold): the sampler's log-probs where it
+            reports them; None takes `old_logp` (ℓ_prox), so with μ = 1 OPSM never fires.
 
-    Per token: L = −P(r, Â) + β·KL, with P the surrogate (`grpo.algo.surrogates`) and r the ratio to the old
-    policy, per token or per sequence (`RATIO_LEVELS`); the sum over tokens is divided as `AGGREGATIONS` says.
+    Per token: L = −M·P(r, Â)·w·keep + β·KL, with P the surrogate (`grpo.algo.surrogates`), r the ratio to the
+    old policy, per token or per sequence (`RATIO_LEVELS`), M OPSM's sequence mask (1 when off), and KL k3 (or
+    the estimator of spec.kl_kind), r·k3 with spec.unbiased_kl="prox" (r not detached: the reverse-KL gradient,
+    SPEC 14.5) or sg(w)·r·k3 with "behaviour"; the sum over tokens is divided as `AGGREGATIONS` says. Masked
+    tokens (OPSM, keep, w = 0) stay in the normaliser.
 
     Returns the loss and detached stats: "loss/policy" and "loss/kl" (the two parts of the loss, same
     normaliser), then the means over the loss tokens "kl" (KL per token), "ratio/mean", "clip/frac",
     "clip/low_frac", "clip/high_frac" (shares of tokens whose clip binds; for CISPO those whose weight is
     truncated, of either sign of Â; 0 for SAPO, which has no clip) and any share the surrogate adds
-    ("clip/dual_frac" with a dual clip), and last "tokens" (number of loss-bearing tokens). Nothing here waits
+    ("clip/dual_frac" with a dual clip), "opsm/masked_frac" with OPSM (the loss tokens of dropped sequences), and
+    last "tokens" (number of loss-bearing tokens). Nothing here waits
     for the device unless `normalizer` is None.
 
     Example (SPEC 7.2, β = 0.04, ε = 0.2): two sequences of lengths 2 and 3, Â = ±0.866025 → loss
@@ -154,8 +185,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
                          f"({logp.shape[0]},) or {tuple(logp.shape)}")
     if ref_logp is not None:
         check_same_shape("ref_logp", ref_logp, "logp", logp)
-    if is_weight is not None:
-        check_same_shape("is_weight", is_weight, "logp", logp)
+    for name, x in (("is_weight", is_weight), ("keep", keep), ("behaviour_logp", behaviour_logp)):
+        if x is not None:
+            check_same_shape(name, x, "logp", logp)
     if spec.beta > 0 and ref_logp is None:
         raise ValueError(f"beta={spec.beta} > 0 needs ref_logp (the reference model's log-probs)")
     if normalizer is not None and not normalizer > 0:
@@ -172,13 +204,27 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
     ratio = torch.exp(RATIO_LEVELS[spec.ratio_level](lp - old, lp, m))
     term = SURROGATES[spec.surrogate](ratio, a, lp, spec)
     policy = term.value
-    if is_weight is not None:
-        policy = policy * torch.where(valid, is_weight.detach().to(logp.dtype), zero)
+    weight = torch.where(valid, is_weight.detach().to(logp.dtype), zero) if is_weight is not None else None
+    if weight is not None:
+        policy = policy * weight
+    if keep is not None:
+        policy = policy * torch.where(valid, keep.detach().to(logp.dtype), zero)
+    shares = dict(term.shares)
+    if spec.off_policy_mask_threshold is not None:
+        beh = old if behaviour_logp is None else torch.where(valid, behaviour_logp.detach(), zero)
+        kept = off_policy_sequence_mask(lp, beh, adv.detach().to(logp.dtype) if adv.dim() == 1 else a, valid,
+                                        spec.off_policy_mask_threshold)
+        policy = policy * kept.to(logp.dtype)
+        shares["opsm/masked_frac"] = ~kept
     per_token = -policy
 
     kl = None
     if ref_logp is not None:
         kl = kl_penalty(lp, torch.where(valid, ref_logp.detach(), zero), spec.kl_kind)
+        if spec.unbiased_kl != "off":  # r·k: r to π_prox, not detached (SPEC 14.5)
+            kl = ratio * kl
+            if spec.unbiased_kl == "behaviour" and weight is not None:
+                kl = weight * kl
     if spec.beta > 0:
         per_token = per_token + spec.beta * kl
 
@@ -202,6 +248,6 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
         }
         low_frac, high_frac = low.sum().to(logp.dtype) / denom, high.sum().to(logp.dtype) / denom
         stats.update({"clip/frac": low_frac + high_frac, "clip/low_frac": low_frac, "clip/high_frac": high_frac})
-        stats.update({name: (share & valid).sum().to(logp.dtype) / denom for name, share in term.shares.items()})
+        stats.update({name: (share & valid).sum().to(logp.dtype) / denom for name, share in shares.items()})
         stats["tokens"] = count.to(torch.float32)
     return loss, {k: v.detach() for k, v in stats.items()}

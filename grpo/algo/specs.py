@@ -19,7 +19,7 @@ from dataclasses import dataclass, fields
 from grpo.algo._checks import check_choice, check_positive_int
 from grpo.algo.advantages import ADVANTAGES, REWARD_AGGREGATIONS, STDS
 from grpo.algo.correction import CORRECTIONS
-from grpo.algo.loss import AGGREGATIONS, KL_KINDS, RATIO_LEVELS
+from grpo.algo.loss import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, UNBIASED_KL
 from grpo.algo.surrogates import SURROGATES
 
 
@@ -82,6 +82,14 @@ class LossSpec:
     sampler_correction: str          # `CORRECTIONS`, when the sampler reports log-probs of its own
     sampler_correction_cap: float    # C
     sampler_correction_floor: float  # C_min; 0: none
+    off_policy_mask_threshold: float | None  # δ of OPSM (DeepSeek-V3.2); None: off
+    unbiased_kl: str                 # `UNBIASED_KL`: k, r·k, or sg(w)·r·k
+    entropy_coef: float              # c of the entropy bonus (the first coefficient when adaptive)
+    use_adaptive_entropy: bool       # TRL's adaptive c, towards entropy_target
+    entropy_coef_delta: float        # Δ
+    entropy_coef_min: float
+    entropy_coef_max: float
+    entropy_target: float            # H_tgt
     max_completion_length: int | None  # L_max of the constant normaliser (not an algo.* option: given at build)
 
     def __post_init__(self):
@@ -90,6 +98,17 @@ class LossSpec:
         check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
         check_choice("aggregation", self.aggregation, AGGREGATIONS)
         check_choice("sampler_correction", self.sampler_correction, CORRECTIONS)
+        check_choice("unbiased_kl", self.unbiased_kl, UNBIASED_KL)
+        if self.off_policy_mask_threshold is not None:
+            _at_least("off_policy_mask_threshold", self.off_policy_mask_threshold, 0)
+        for name in ("entropy_coef", "entropy_coef_delta", "entropy_coef_min", "entropy_coef_max"):
+            _at_least(name, getattr(self, name), 0)
+        if self.entropy_coef_min > self.entropy_coef_max:
+            raise ValueError(f"entropy_coef_min must be <= entropy_coef_max, got {self.entropy_coef_min!r} > "
+                             f"{self.entropy_coef_max!r}")
+        if self.unbiased_kl != "off" and self.beta == 0:
+            raise ValueError(f"unbiased_kl={self.unbiased_kl!r} corrects the KL term, and beta=0 has none; set "
+                             "beta > 0 or unbiased_kl='off'")
         _at_least("beta", self.beta, 0)
         if not 0 <= self.clip_low <= 1:
             raise ValueError(f"clip_low must be in [0, 1], got {self.clip_low!r}")

@@ -46,7 +46,10 @@ def assert_same_run(a, b):
 
 def test_resume_is_bit_for_bit(tmp_path, random_model_dir):
     k = 3
-    common = ["algo.num_iterations=2", "algo.beta=0.04", f"eval.every={k}", "optim.lr_schedule=constant"]
+    # the adaptive entropy coefficient (SPEC 14.7) is state a resume must carry: under a target above any entropy
+    # it grows by Δ every optimiser step
+    common = ["algo.num_iterations=2", "algo.beta=0.04", f"eval.every={k}", "optim.lr_schedule=constant",
+              "algo.use_adaptive_entropy=true", "algo.entropy_coef=0.01", "algo.entropy_target=100"]
     trainer.train(cfg_for(random_model_dir, tmp_path / "straight", f"train.steps={2 * k}", *common))
     trainer.train(cfg_for(random_model_dir, tmp_path / "split", f"train.steps={k}", f"train.save_every={k}",
                           *common))
@@ -54,6 +57,9 @@ def test_resume_is_bit_for_bit(tmp_path, random_model_dir):
                                    "train.resume=auto", *common))
     assert result.resumed_from.name == f"step-{k:08d}"
     assert_same_run(tmp_path / "straight", tmp_path / "split")
+    coefs = [r["entropy/coef"] for r in rows(tmp_path / "straight")[1:]]  # the mean of each step's two updates
+    # updates apply 0 (H_0 = +∞), then 0.015, 0.02, 0.025, ...: step means 0.0075, then 0.0225 + 0.01 a step
+    assert coefs == pytest.approx([0.0075] + [0.0225 + 0.01 * i for i in range(2 * k - 1)])
 
 
 def test_resume_is_bit_for_bit_with_dynamic_sampling(tmp_path, random_model_dir):

@@ -35,11 +35,52 @@ def test_chunked_entropy_equals_unchunked_and_leaves_the_gradient_alone():
     lp, h = token_logprobs_from_hidden(hidden, weight, targets, temperature=0.9, chunk_size=4, entropy=True)
     p = torch.softmax(hidden.detach() @ weight.T / 0.9, dim=-1)
     close(h, -(p * p.log()).sum(-1))
-    assert not h.requires_grad
     plain = token_logprobs_from_hidden(hidden, weight, targets, temperature=0.9, chunk_size=4)
     g1 = torch.autograd.grad(lp.sum(), hidden)[0]
     g2 = torch.autograd.grad(plain.sum(), hidden)[0]
     assert torch.equal(g1, g2)  # asking for the entropy changes nothing else
+
+
+def test_entropy_gradient_spec_14_7_every_path():
+    # SPEC 14.7: logits (0.75, 0.70, −0.15, −1.00), T = 1 → ∂H/∂z = (−0.111967, −0.087719, 0.099017, 0.100668)
+    want = [-0.111967, -0.087719, 0.099017, 0.100668]
+    logits = torch.tensor([[[0.75, 0.70, -0.15, -1.00]]], dtype=torch.float64, requires_grad=True)
+    for chunk in (None, 1):
+        _, h = token_logprobs(logits, Y, chunk_size=chunk, entropy=True)
+        close(torch.autograd.grad(h.sum(), logits)[0].flatten(), want)
+    hidden = torch.eye(4, dtype=torch.float64)[:1].view(1, 1, 4).requires_grad_()
+    weight = torch.zeros(4, 4, dtype=torch.float64)
+    weight[:, 0] = logits.detach().flatten()  # hidden (1, 0, 0, 0) @ weight.T = the logits
+    weight.requires_grad_()
+    _, h = token_logprobs_from_hidden(hidden, weight, Y, chunk_size=1, entropy=True)
+    close(torch.autograd.grad(h.sum(), weight)[0][:, 0], want)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_entropy_and_logprob_gradients_together_equal_autograd(temperature):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 8, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 11, (3, 5))
+    a, b = torch.randn(3, 5, dtype=torch.float64), torch.randn(3, 5, dtype=torch.float64)
+    logp = torch.log_softmax(hidden @ weight.T / temperature, -1)
+    ref = (a * logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) + b * -(logp.exp() * logp).sum(-1)).sum()
+    want = torch.autograd.grad(ref, (hidden, weight), retain_graph=True)
+    for chunk in (1, 4, 1024):
+        lp, h = token_logprobs_from_hidden(hidden, weight, targets, temperature=temperature, chunk_size=chunk,
+                                           entropy=True)
+        for got, w in zip(torch.autograd.grad((a * lp + b * h).sum(), (hidden, weight), retain_graph=True), want):
+            assert torch.allclose(got, w, atol=1e-10)
+        only = torch.autograd.grad((b * h).sum(), hidden)[0]  # the entropy alone
+        assert torch.allclose(only, torch.autograd.grad((b * -(logp.exp() * logp).sum(-1)).sum(), hidden,
+                                                        retain_graph=True)[0], atol=1e-10)
+    logits = (hidden @ weight.T).detach().requires_grad_()
+    for chunk in (None, 2):
+        lp, h = token_logprobs(logits, targets, temperature=temperature, chunk_size=chunk, entropy=True)
+        logp = torch.log_softmax(logits / temperature, -1)
+        ref = (a * logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) + b * -(logp.exp() * logp).sum(-1)).sum()
+        assert torch.allclose(torch.autograd.grad((a * lp + b * h).sum(), logits)[0],
+                              torch.autograd.grad(ref, logits)[0], atol=1e-10)
 
 
 def test_threshold_and_mask_spec_13_5():

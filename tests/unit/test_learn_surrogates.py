@@ -125,3 +125,74 @@ def test_top_entropy_masking_trains_only_the_kept_tokens(setup):
     assert torch.allclose(w_masked, w_zeroed, atol=1e-6)
     _, w_plain = run(model, exp, aggregation="token_mean")
     assert not torch.allclose(w_masked, w_plain, atol=1e-6)
+
+
+# ---- SPEC 14.5 and 14.7 through the update
+
+def mean_entropy(model, exp):
+    with torch.no_grad():
+        _, h = LogprobModule(model)(exp.prompt_ids, exp.prompt_mask, exp.completion_ids, exp.completion_mask,
+                                    temperature=1.0, chunk_size=8, entropy=True)
+    m = exp.loss_mask.double()
+    return ((h.double() * m).sum() / m.sum()).item()
+
+
+def test_the_entropy_bonus_is_logged_as_predicted_and_raises_the_entropy(setup):
+    exp, model = setup
+    zero = exp.__class__(**{**exp.__dict__, "advantages": torch.zeros_like(exp.advantages)})  # no policy gradient
+    before = mean_entropy(model, zero)
+    updates, _ = run(model, zero, lr=0.5, entropy_coef=0.1)
+    assert updates[0]["loss/entropy"] == pytest.approx(-0.1 * before, rel=1e-5)
+    assert updates[0]["entropy_coef"] == 0.1
+    moved = copy.deepcopy(model)
+    learner = Learner(LogprobModule(moved), None, torch.optim.SGD(moved.parameters(), lr=0.5),
+                      loss_spec(8, beta=0.0, entropy_coef=0.1), 1.0, 8, max_rows=3, max_tokens=0, max_grad_norm=0.0)
+    assert learn(learner, zero, Dist())[0]["loss/entropy"] == pytest.approx(updates[0]["loss/entropy"], rel=1e-6)
+    assert mean_entropy(moved, zero) > before + 1e-4  # micro-batches of 3 rows: the same update, entropy up
+    plain, _ = run(model, zero, lr=0.5)
+    assert "loss/entropy" not in plain[0] and "entropy_coef" not in plain[0]
+
+
+def test_the_adaptive_entropy_coefficient_moves_after_each_optimiser_step(setup):
+    from grpo.learn import EntropyControl
+    exp, model = setup
+    model = copy.deepcopy(model)
+    control = EntropyControl(0.02)
+    spec = loss_spec(8, beta=0.0, num_iterations=3, use_adaptive_entropy=True, entropy_coef=0.02, entropy_target=50.0)
+    learner = Learner(LogprobModule(model), None, torch.optim.SGD(model.parameters(), lr=0.1), spec, 1.0, 8,
+                      max_rows=8, max_tokens=0, max_grad_norm=0.0, entropy=control)
+    updates = learn(learner, exp, Dist())
+    # step 1 applies none (H_0 = +∞); every entropy is below the target, so c grows by Δ = 0.005 a step
+    assert [u["entropy_coef"] for u in updates] == pytest.approx([0.0, 0.025, 0.030])
+    assert updates[0]["loss/entropy"] == 0 and updates[1]["loss/entropy"] < 0
+    assert control.coef == pytest.approx(0.035) and control.last_entropy == pytest.approx(mean_entropy(model, exp),
+                                                                                           rel=1e-2)
+
+
+def test_opsm_drops_drifted_negative_sequences_in_the_second_update_only(setup):
+    exp, model = setup
+    updates, _ = run(model, exp, lr=30.0, mu=2, off_policy_mask_threshold=0.01)
+    assert updates[0]["opsm/masked_frac"] == 0  # old = the current policy: the statistic is 0
+    masked = updates[1]["opsm/masked_frac"] / updates[1]["tokens"]  # learn's figures are sums over the tokens
+    assert 0 < masked < 1  # negative-advantage sequences only
+
+
+def test_unbiased_kl_on_policy_keeps_the_kl_value_and_changes_its_gradient(setup, random_model_dir):
+    exp, model = setup
+    reference, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+
+    def kl_run(unbiased):
+        moved = copy.deepcopy(model)
+        learner = Learner(LogprobModule(moved), LogprobModule(reference), torch.optim.SGD(moved.parameters(), lr=1.0),
+                          loss_spec(8, beta=0.5, unbiased_kl=unbiased), 1.0, 8, max_rows=8, max_tokens=0,
+                          max_grad_norm=0.0)
+        return learn(learner, exp, Dist())[0], torch.cat([p.detach().flatten() for p in moved.parameters()])
+
+    (plain, w_plain), (fixed, w_fixed) = kl_run("off"), kl_run("prox")
+    assert plain["loss/kl"] > 0 and fixed["loss/kl"] == pytest.approx(plain["loss/kl"], rel=1e-6)  # r = 1
+    assert not torch.allclose(w_plain, w_fixed, atol=1e-7)  # ∇(r·k3) = ∇k3 + k3·∇ℓ
+    behaviour, w_behaviour = kl_run("behaviour")  # no sampler of its own: w = 1, the same as prox
+    assert torch.equal(w_behaviour, w_fixed)
