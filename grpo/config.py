@@ -222,9 +222,10 @@ class AlgoConfig:
     dppo_cap: float = opt(0.0, "C of DPPO's detached importance weight min(r, C) (verl's clip_ratio_c, 3 there); "
                                "0: no truncation, as prime-rl.", ge=0)
     ratio_level: Literal["token", "sequence"] = opt("token", "Importance ratio per token, or per sequence (GSPO).")
-    aggregation: Literal["seq_mean", "token_mean", "constant"] = opt(
-        "seq_mean", "Loss normaliser: per-sequence token mean (GRPO), step-wide token mean (DAPO), or "
-                    "B·max_new_tokens (Dr. GRPO).")
+    aggregation: Literal["seq_mean", "token_mean", "constant", "luspo"] = opt(
+        "seq_mean", "Loss normaliser: per-sequence token mean (GRPO), step-wide token mean (DAPO), "
+                    "B·max_new_tokens (Dr. GRPO), or each sequence's mean times its length over the number of "
+                    "sequences (luspo, arXiv 2602.05261: with ratio_level=sequence, GSPO's term weighted by length).")
     num_iterations: int = opt(1, "μ: policy updates per batch of rollouts; above 1 the ratio to the sampling "
                                  "policy moves away from 1 and the clip becomes active.", ge=1)
     mask_truncated: bool = opt(False, "Leave truncated completions (no EOS) out of the loss; they still count in "

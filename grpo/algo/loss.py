@@ -119,6 +119,9 @@ AGGREGATIONS = {
     "token_mean": Aggregation(lambda sequences, tokens, spec: float(max(1, tokens)), _token_sum),
     # Dr. GRPO: every token summed, over sequences × max_completion_length
     "constant": Aggregation(_constant, _token_sum),
+    # LUSPO (arXiv 2602.05261; TRL's loss_type="luspo"): each sequence's mean times its length, Σ_i |o_i|·L_i, i.e.
+    # every token summed, over the number of sequences (with ratio_level="sequence" L_i is GSPO's term)
+    "luspo": Aggregation(lambda sequences, tokens, spec: float(max(1, sequences)), _token_sum),
 }
 
 
@@ -127,6 +130,7 @@ def loss_normalizer(spec: LossSpec, *, num_sequences: int, num_tokens: int) -> f
 
     seq_mean: the number of sequences (each sequence's token mean is summed, then divided by this).
     token_mean: the number of loss-bearing tokens (at least 1). constant: sequences × max_completion_length.
+    luspo: the number of sequences (every token summed: each sequence's mean weighted by its length).
     The trainer counts these over all micro-batches and ranks of a step and passes the result to
     `policy_loss(normalizer=...)`, so the summed micro-batch losses equal the loss of the whole step.
     """

@@ -55,6 +55,23 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
             "defaults of TRL and verl), per-sequence token mean, β = 0; ε is unused",
             scale="group", std="sample", beta=0.0, clip_low=0.2, clip_high=0.2, ratio_level="token",
             aggregation="seq_mean", dynamic_sampling=False, surrogate="sapo", sapo_tau_pos=1.0, sapo_tau_neg=1.05),
+    _preset("dppo", "Qi et al. 2026, Rethinking the Trust Region in LLM RL (DPPO), arXiv:2602.04879, as prime-rl runs "
+                    "it by default (prime-rl @ 559b4477: DefaultLossConfig, default_loss_fn, algo/grpo.py)",
+            "REINFORCE on the tokens whose probability moved by at most 0.2 since the old policy in the direction "
+            "of Â (binary TV mask), untruncated ratio, token sum over the step's tokens, advantages r − mean "
+            "without a std; no reference KL (prime-rl's squared log-ratio to the sampler, kl_tau 1e-3, is not "
+            "offered)",
+            scale="none", std="sample", beta=0.0, clip_low=0.2, clip_high=0.2, ratio_level="token",
+            aggregation="token_mean", dynamic_sampling=False, surrogate="dppo_tv", dppo_tv_low=0.2,
+            dppo_tv_high=0.2, dppo_cap=0.0),
+    _preset("icepop", "Ling Team 2025, Ring-1T (IcePop), arXiv:2510.18855; the bounds as verl's "
+                      "decoupled_token_icepop preset",
+            "GRPO with the sampler-trainer correction as IcePop: the policy term of a token whose ratio "
+            "ρ = π_old/π_sampler lies outside [0.5, 5] is masked, the others weighted by ρ (SPEC 13.1's token MIS, "
+            "14.6); acts only with a sampler of its own (vLLM)",
+            scale="group", std="sample", beta=0.04, clip_low=0.2, clip_high=0.2, ratio_level="token",
+            aggregation="seq_mean", dynamic_sampling=False, surrogate="clip", sampler_correction="token_mis",
+            sampler_correction_floor=0.5, sampler_correction_cap=5.0),
 )}
 
 

@@ -156,7 +156,7 @@ def test_every_field_is_documented_once():
 def test_shipped_configs_load_and_validate():
     names = shipped_configs()
     assert {"tiny", "presets/grpo", "presets/dr_grpo", "presets/dapo", "presets/gspo", "presets/cispo",
-            "presets/sapo", "qwen2_math_1p5b"} <= set(names)
+            "presets/sapo", "presets/dppo", "presets/icepop", "qwen2_math_1p5b"} <= set(names)
     for name in names:
         load_config(CONFIG_DIR / f"{name}.yaml")
     for preset in PRESETS:

@@ -215,9 +215,23 @@ def test_loss_normalizer():
     assert loss_normalizer(loss_spec(8, aggregation="constant"), num_sequences=4, num_tokens=10) == 32
 
 
+def test_luspo_spec_14_9():
+    # SPEC 14.9 on the 7.2 data, β = 0, ε = 0.2: s_1 = 1.221403 (clipped), s_2 = 0.967216; GSPO with grpo
+    # aggregation −0.100798, LUSPO ½(2·(−1.039230) + 3·0.837634) = 0.217220; per-token gradient of sequence 2
+    # 0.139606 (GSPO) and 0.418817 (LUSPO), of sequence 1 0 in both
+    logp, old, ref, mask, adv = spec_batch()
+    for aggregation, value, slope in (("seq_mean", -0.100798, 0.139606), ("luspo", 0.217220, 0.418817)):
+        loss, _ = policy_loss(logp, old, adv, mask, loss_spec(beta=0.0, ratio_level="sequence",
+                                                              aggregation=aggregation))
+        close(loss, value)
+        (g,) = torch.autograd.grad(loss, logp)
+        close(g[0], [0, 0, 0]), close(g[1], [slope] * 3)
+    assert loss_normalizer(loss_spec(aggregation="luspo"), num_sequences=4, num_tokens=10) == 4
+
+
 def test_presets_name_papers_and_map_to_valid_arguments():
     logp, old, ref, mask, adv = spec_batch()
-    assert set(PRESETS) == {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo"}
+    assert set(PRESETS) == {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "sapo", "dppo", "icepop"}
     for p in PRESETS.values():
         assert "arXiv" in p.paper
         loss, _ = policy_loss(logp, old, adv, mask, loss_spec(4, **preset_values(p.name)), ref_logp=ref)
@@ -230,6 +244,12 @@ def test_presets_name_papers_and_map_to_valid_arguments():
     assert gspo["ratio_level"] == "sequence" and gspo["clip_low"] == 3e-4
     assert cispo["surrogate"] == "cispo" and cispo["clip_low"] == 1.0
     assert sapo["surrogate"] == "sapo" and sapo["sapo_tau_neg"] == 1.05
+    dppo, icepop = get_preset("dppo").values, get_preset("icepop").values
+    assert (dppo["surrogate"], dppo["dppo_tv_low"], dppo["dppo_tv_high"], dppo["dppo_cap"], dppo["scale"],
+            dppo["aggregation"], dppo["beta"]) == ("dppo_tv", 0.2, 0.2, 0.0, "none", "token_mean", 0.0)  # prime-rl's
+    assert "prime-rl" in get_preset("dppo").paper
+    assert (icepop["sampler_correction"], icepop["sampler_correction_floor"], icepop["sampler_correction_cap"]) == (
+        "token_mis", 0.5, 5.0)  # SPEC 14.6: token MIS with C_min = α, C = β
     with pytest.raises(ValueError, match="preset='ppo' is not allowed; choose one of 'grpo'"):
         get_preset("ppo")
 
