@@ -289,9 +289,16 @@ class AlgoConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = opt(100, "Optimiser steps (each: sample, score, update).", ge=1, resume="free")
+    steps: int = opt(100, "Training steps, each one batch of rollouts: sample, score, then algo.num_iterations × "
+                          "train.steps_per_generation optimiser updates (1 by default).", ge=1, resume="free")
     prompts_per_step: int = opt(16, "Prompts per step; each gets group_size completions. A multiple of the number "
                                     "of processes.", ge=1)
+    steps_per_generation: int = opt(1, "Optimiser updates per batch of rollouts (TRL's name; DeepSeek-R1 used 16): "
+                                       "the step's groups are split into this many mini-batches (group g in "
+                                       "mini-batch g mod S), each one update with its own normaliser, all against "
+                                       "the log-probs of the policy before the first (SPEC 14.8), and replayed "
+                                       "algo.num_iterations times. train.steps still counts batches of rollouts. "
+                                       "It must divide the groups each process trains.", ge=1)
     lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
     seed: int = opt(0, "Seed of the data order, the sampling and the initialisation: same seed, same run.")
     output_dir: str = opt("runs/tiny", "Run directory: config, metrics, samples, chart, final model.", resume="free")

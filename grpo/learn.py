@@ -1,5 +1,7 @@
-"""Loop steps 5–7, `Experience` → policy updates: the step-wide loss normaliser, reference and old log-probs
-without gradients, then μ updates, each accumulating gradients over micro-batches (SPEC 9 and 12).
+"""Loop steps 5–7, `Experience` → policy updates: reference and old log-probs without gradients, once per batch of
+rollouts, then its updates, each accumulating gradients over micro-batches with its own normaliser (SPEC 9, 12):
+μ updates of the whole batch, or with `train.steps_per_generation` = S its S mini-batches of whole groups, one
+update each, replayed μ times, every one against the old log-probs of the policy before the first (SPEC 14.8).
 
 Nothing here branches on a variant: the algorithm's choices are one `grpo.algo.LossSpec`, handed as it is to
 `grpo.algo.policy_loss`, `loss_normalizer` and `sampler_weights`. The per-token advantages and the loss mask come
@@ -52,6 +54,7 @@ class Learner:
     max_tokens: int                          # compute.micro_batch_tokens (0: no cap)
     max_grad_norm: float                     # 0: no clipping
     entropy: EntropyControl | None = None    # the adaptive entropy coefficient's state; None: a fixed one
+    steps_per_generation: int = 1            # mini-batches (optimiser updates) per batch of rollouts, each ×μ
 
 
 # the figures of `policy_loss` that are not means over the loss tokens (the others are summed as mean × tokens)
@@ -59,32 +62,62 @@ _LOSS_PARTS = ("loss/policy", "loss/kl", "loss/entropy", "tokens")
 
 
 def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
-    """μ updates on `exp` (this process's rows; every process calls it): one dict of summed figures per update
-    (`grpo.metrics.step_metrics` reduces them)."""
-    spec = learner.spec
-    # 5. the normaliser over the whole step, from every process's counts: its sequences (an unscorable one, which
-    # no reward function scored, is not one: SPEC 14.11) and its loss tokens
-    counts = torch.tensor([float((~exp.rewards.isnan()).sum()), float(exp.loss_mask.sum())], dtype=torch.float64)
-    sequences, tokens = dist.gather(counts).view(-1, 2).sum(0).tolist()
-    normalizer = loss_normalizer(spec, num_sequences=int(sequences), num_tokens=int(tokens))
-    parts = list(micro_batches(exp.prompt_mask, exp.completion_mask, learner.max_rows, learner.max_tokens))
-    quarters = _quarters(exp, parts)
-    # 6. reference and old log-probs, without gradients
-    ref_logp = _logprobs_no_grad(learner, learner.reference, exp, parts)[0] if learner.reference is not None else None
+    """The updates of one batch of rollouts `exp` (this process's rows; every process calls it): its
+    `steps_per_generation` mini-batches, each one optimiser update, replayed μ times (SPEC 14.8); one dict of
+    summed figures per update (`grpo.metrics.step_metrics` reduces them). With one mini-batch, μ updates on the
+    whole batch."""
+    spec, steps = learner.spec, learner.steps_per_generation
+    whole = list(micro_batches(exp.prompt_mask, exp.completion_mask, learner.max_rows, learner.max_tokens))
+    # 6. reference and old log-probs without gradients, once per batch: π_old is the policy before the batch's first
+    # update, for every mini-batch (the ratio of mini-batch m is to θ_vprox, m − 1 updates back)
+    ref_logp = _logprobs_no_grad(learner, learner.reference, exp, whole)[0] if learner.reference is not None else None
     masking = spec.top_entropy_quantile < 1
-    old_logp, old_entropy = (_logprobs_no_grad(learner, learner.trainable, exp, parts, entropy=masking)
-                             if spec.num_iterations > 1 or masking else (None, None))
-    if spec.num_iterations == 1:  # μ = 1: the ratio is to the training pass itself (logp.detach())
+    old_logp, old_entropy = (_logprobs_no_grad(learner, learner.trainable, exp, whole, entropy=masking)
+                             if spec.num_iterations > 1 or steps > 1 or masking else (None, None))
+    if spec.num_iterations == 1 and steps == 1:  # one update: the ratio is to the training pass itself (logp.detach())
         old_logp = None
-    # top-entropy masking: the threshold over every loss token of the step, on every process (SPEC 13.8)
+    minis = [_mini_batch(learner, exp, rows, ref_logp, old_logp, old_entropy, dist)
+             for rows in mini_batch_rows(exp.group, steps)]
+    # 7. the updates: each mini-batch in turn, μ times
+    return [_update(learner, dist, *m) for _ in range(spec.num_iterations) for m in minis if m is not None]
+
+
+def mini_batch_rows(group: torch.Tensor, steps: int) -> list[list[int]]:
+    """The rows of each of `steps` mini-batches: whole groups, group g in mini-batch g mod `steps` (interleaved, so
+    that with as many groups on every process the mini-batches of several processes together are those of one
+    process holding them all). One mini-batch: every row, in order."""
+    if steps == 1:
+        return [list(range(group.numel()))]
+    which = (group % steps).tolist()
+    return [[i for i, k in enumerate(which) if k == m] for m in range(steps)]
+
+
+def _mini_batch(learner: Learner, exp: Experience, rows: list[int], ref_logp, old_logp, old_entropy, dist: Dist):
+    """What one optimiser update needs of the rows `rows` of `exp` (None when no process has any: the step then
+    makes fewer updates, on every process alike): the rows, their micro-batches and quarters, the normaliser
+    and the loss-token count over this update's rows of every process, their reference and old log-probs, and the
+    top-entropy mask."""
+    spec = learner.spec
+    whole = len(rows) == len(exp)
+    part = exp if whole else exp.select(rows)
+    pick = (lambda t: t) if whole else (lambda t: None if t is None else t[rows])
+    # 5. the normaliser over this update's rows, from every process's counts: its sequences (an unscorable one,
+    # which no reward function scored, is not one: SPEC 14.11) and its loss tokens
+    counts = torch.tensor([float(len(part)), float((~part.rewards.isnan()).sum()), float(part.loss_mask.sum())],
+                          dtype=torch.float64)
+    rows_seen, sequences, tokens = dist.gather(counts).view(-1, 3).sum(0).tolist()
+    if not rows_seen:
+        return None
+    normalizer = loss_normalizer(spec, num_sequences=int(sequences), num_tokens=int(tokens))
+    parts = list(micro_batches(part.prompt_mask, part.completion_mask, learner.max_rows, learner.max_tokens))
+    # top-entropy masking: the threshold over every loss token of the update, on every process (SPEC 13.8)
     keep = None
-    if masking:
-        mine = old_entropy[exp.loss_mask.bool()].cpu()
+    if spec.top_entropy_quantile < 1:
+        entropy = pick(old_entropy)
+        mine = entropy[part.loss_mask.bool()].cpu()
         threshold = entropy_threshold(torch.cat(dist.gather_objects(mine)), spec.top_entropy_quantile)
-        keep = top_entropy_mask(old_entropy, exp.loss_mask, threshold)
-    # 7. μ updates
-    return [_update(learner, dist, exp, parts, quarters, normalizer, tokens, ref_logp, old_logp, keep)
-            for _ in range(spec.num_iterations)]
+        keep = top_entropy_mask(entropy, part.loss_mask, threshold)
+    return part, parts, _quarters(part, parts), normalizer, tokens, pick(ref_logp), pick(old_logp), keep
 
 
 def _quarters(exp: Experience, parts) -> list[tuple[list[torch.Tensor], list[int]]]:

@@ -178,6 +178,11 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.train.prompts_per_step % world:
         raise ConfigError(f"train.prompts_per_step={cfg.train.prompts_per_step} must be a multiple of the number "
                           f"of processes ({world})")
+    share = cfg.train.prompts_per_step // world
+    if cfg.train.steps_per_generation > 1 and share % cfg.train.steps_per_generation:
+        raise ConfigError(f"train.steps_per_generation={cfg.train.steps_per_generation} must divide the groups each "
+                          f"process trains: train.prompts_per_step={cfg.train.prompts_per_step} over {world} "
+                          f"process(es) is {share} a process")
     if cfg.train.overwrite and cfg.train.resume:
         raise ConfigError(f"train.overwrite=true would delete the run that train.resume={cfg.train.resume!r} "
                           "continues; give one of them")

@@ -75,7 +75,8 @@ def one_step(random_model_dir, tmp_path_factory):
 
 @pytest.mark.distributed
 @pytest.mark.parametrize("extra", [
-    ["algo.preset=grpo", "algo.dynamic_sampling=false", "algo.num_iterations=2"],  # beta > 0, mu > 1, seq_mean
+    # beta > 0, mu > 1, seq_mean, two mini-batches of whole groups (one group of each process in each)
+    ["algo.preset=grpo", "algo.dynamic_sampling=false", "algo.num_iterations=2", "train.steps_per_generation=2"],
     # step-wide token mean, batch std, dynamic sampling under a reward that leaves some groups without signal
     ["algo.preset=dapo", "algo.scale=batch", "rewards=[tests.integration.rewards:starts_below_digits]"],
 ])

@@ -48,8 +48,10 @@ def test_resume_is_bit_for_bit(tmp_path, random_model_dir):
     k = 3
     # the adaptive entropy coefficient (SPEC 14.7) is state a resume must carry: under a target above any entropy
     # it grows by Δ every optimiser step
+    # it grows by Δ every optimiser step. Each step's 3 groups make 3 mini-batches (SPEC 14.8), replayed twice
     common = ["algo.num_iterations=2", "algo.beta=0.04", f"eval.every={k}", "optim.lr_schedule=constant",
-              "algo.use_adaptive_entropy=true", "algo.entropy_coef=0.01", "algo.entropy_target=100"]
+              "algo.use_adaptive_entropy=true", "algo.entropy_coef=0.01", "algo.entropy_target=100",
+              "train.steps_per_generation=3"]
     trainer.train(cfg_for(random_model_dir, tmp_path / "straight", f"train.steps={2 * k}", *common))
     trainer.train(cfg_for(random_model_dir, tmp_path / "split", f"train.steps={k}", f"train.save_every={k}",
                           *common))
@@ -57,9 +59,11 @@ def test_resume_is_bit_for_bit(tmp_path, random_model_dir):
                                    "train.resume=auto", *common))
     assert result.resumed_from.name == f"step-{k:08d}"
     assert_same_run(tmp_path / "straight", tmp_path / "split")
-    coefs = [r["entropy/coef"] for r in rows(tmp_path / "straight")[1:]]  # the mean of each step's two updates
-    # updates apply 0 (H_0 = +∞), then 0.015, 0.02, 0.025, ...: step means 0.0075, then 0.0225 + 0.01 a step
-    assert coefs == pytest.approx([0.0075] + [0.0225 + 0.01 * i for i in range(2 * k - 1)])
+    coefs = [r["entropy/coef"] for r in rows(tmp_path / "straight")[1:]]  # the mean of each step's six updates
+    # update n applies 0.01 + 0.005·(n − 1), except the very first (H_0 = +∞): 0
+    expect = [sum(0.01 + 0.005 * (6 * s + j) for j in range(6)) / 6 for s in range(2 * k)]
+    expect[0] -= 0.01 / 6
+    assert coefs == pytest.approx(expect)
 
 
 def test_resume_is_bit_for_bit_with_dynamic_sampling(tmp_path, random_model_dir):

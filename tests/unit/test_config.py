@@ -128,6 +128,19 @@ def test_prompts_per_step_must_split_over_the_processes(monkeypatch):
         load_config()
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert load_config().train.prompts_per_step == 16
+    assert load_config(None, ["train.steps_per_generation=4"]).train.steps_per_generation == 4
+    with pytest.raises(ConfigError, match=r"train.steps_per_generation=3 must divide the groups each process trains: "
+                                          r"train.prompts_per_step=16 over 4 process\(es\) is 4 a process"):
+        load_config(None, ["train.steps_per_generation=3"])
+
+
+def test_2026_options_refuse_what_cannot_act():
+    with pytest.raises(ConfigError, match="algo.unbiased_kl=prox corrects the KL term, and algo.beta=0 has none"):
+        load_config(None, ["algo.unbiased_kl=prox", "algo.beta=0"])
+    with pytest.raises(ConfigError, match="algo.entropy_coef_min=0.5 must be at most algo.entropy_coef_max=0.1"):
+        load_config(None, ["algo.entropy_coef_min=0.5", "algo.entropy_coef_max=0.1"])
+    with pytest.warns(UserWarning, match="OPSM's statistic is 0 and it never drops a sequence"):
+        load_config(None, ["algo.off_policy_mask_threshold=0.5"])
 
 
 def test_dapo_preset_turns_dynamic_sampling_on():

@@ -196,3 +196,34 @@ def test_unbiased_kl_on_policy_keeps_the_kl_value_and_changes_its_gradient(setup
     assert not torch.allclose(w_plain, w_fixed, atol=1e-7)  # ∇(r·k3) = ∇k3 + k3·∇ℓ
     behaviour, w_behaviour = kl_run("behaviour")  # no sampler of its own: w = 1, the same as prox
     assert torch.equal(w_behaviour, w_fixed)
+
+
+def test_steps_per_generation_updates_each_mini_batch_against_the_sampling_weights(setup, monkeypatch):
+    # SPEC 14.8: two mini-batches of one group each; the second runs one update later, against π_old at θ_vprox
+    import grpo.learn as learn_module
+    from grpo.learn import mini_batch_rows
+    exp, model = setup
+    assert mini_batch_rows(exp.group, 2) == [[0, 1], [2, 3]] and mini_batch_rows(torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]),
+                                                                                   2) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    with torch.no_grad():
+        sampling = LogprobModule(model)(exp.prompt_ids, exp.prompt_mask, exp.completion_ids, exp.completion_mask,
+                                        temperature=1.0, chunk_size=8)
+    seen, real = [], learn_module.policy_loss
+
+    def spy(logp, old, adv, mask, *args, **kw):
+        seen.append((logp.detach().clone(), old.clone(), mask.clone()))
+        return real(logp, old, adv, mask, *args, **kw)
+
+    monkeypatch.setattr(learn_module, "policy_loss", spy)
+    moved = copy.deepcopy(model)
+    learner = Learner(LogprobModule(moved), None, torch.optim.SGD(moved.parameters(), lr=1.0), loss_spec(8, beta=0.0),
+                      1.0, 8, max_rows=8, max_tokens=0, max_grad_norm=0.0, steps_per_generation=2)
+    updates = learn(learner, exp, Dist())
+    assert len(updates) == 2 and [u["tokens"] for u in updates] == [exp.loss_mask[:2].sum(), exp.loss_mask[2:].sum()]
+    (lp1, old1, m1), (lp2, old2, m2) = seen
+    width = old2.shape[1]
+    assert torch.equal(old2, sampling[2:, :width])  # π_old of mini-batch 2: the weights before the first update
+    assert torch.equal(old1, sampling[:2, :old1.shape[1]])
+    assert not torch.allclose(lp2[m2.bool()], old2[m2.bool()], atol=1e-4)  # the first update moved the policy
+    assert updates[0]["ratio/mean"] == pytest.approx(updates[0]["tokens"])  # a sum: r = 1 on every token
+    assert updates[1]["ratio/mean"] != pytest.approx(updates[1]["tokens"], rel=1e-6)

@@ -146,3 +146,24 @@ def test_adaptive_entropy_coefficient_follows_trls_order():
     assert applied_entropy_coef(0.0, math.inf, fixed) == 0.03  # a fixed c applies from the first step
     top = loss_spec(use_adaptive_entropy=True, entropy_coef_max=0.007)
     assert next_entropy_coef(0.005, 0.1, top) == 0.007 and next_entropy_coef(0.002, 3.0, top) == 0.0
+
+
+# ---- several optimiser steps per rollout (SPEC 14.8)
+
+def test_the_second_mini_batch_is_clipped_around_the_sampling_weights():
+    # mini-batch 2 = {c (Â > 0), d (Â < 0)} at θ_vprox+1 against π_old at θ_vprox; grpo aggregation within the
+    # step: weights 1/4 (c) and 1/6 (d), ε = 0.2, β = 0
+    a = math.sqrt(3) / 2
+    old = torch.tensor([[-0.70, -1.60, 0.0], [-0.90, -2.00, -0.30]], dtype=torch.float64)
+    logp = torch.tensor([[-0.40, -1.50, 0.0], [-1.20, -1.90, -0.35]], dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    adv = torch.tensor([a, -a], dtype=torch.float64)
+    loss, stats = policy_loss(logp, old, adv, mask, loss_spec(beta=0.0))
+    close(loss, -0.086798)
+    (g,) = torch.autograd.grad(loss, logp)
+    close(g[mask.bool()], [0, -0.239277, 0, 0.159518, 0.137298])  # c1 and d1 clipped
+    close(stats["ratio/mean"], (1.349859 + 1.105171 + 0.740818 + 1.105171 + 0.951229) / 5)
+    # the bug: ℓ_old := sg ℓ, r ≡ 1, no clip: 0 loss and every token pushed
+    loss, _ = policy_loss(logp, logp.detach(), adv, mask, loss_spec(beta=0.0))
+    close(loss, 0)
+    close(torch.autograd.grad(loss, logp)[0][mask.bool()], [-0.216506, -0.216506, 0.144338, 0.144338, 0.144338])
