@@ -23,3 +23,14 @@ def never_applies(prompts, completions, **_):
 def raises(prompts, completions, **_):
     """Always fails: a broken reward function."""
     return [1.0 / 0 for _ in completions]
+
+
+def slow(prompts, completions, **_):
+    """`odd_length` after 2 seconds' sleep, announced first by a line appended to the file $SLOW_REWARD_MARKER: a
+    test knows when a step is in the middle of its scoring, and has seconds to interrupt it there."""
+    import os
+    import time
+    with open(os.environ["SLOW_REWARD_MARKER"], "a") as f:
+        f.write("scoring\n")
+    time.sleep(2.0)
+    return odd_length(prompts, completions)

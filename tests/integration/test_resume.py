@@ -3,6 +3,7 @@ test_faults.py)."""
 import contextlib
 import errno
 import json
+import os
 import select
 import signal
 import subprocess
@@ -152,10 +153,10 @@ def test_nonfinite_updates_are_skipped_then_abort(tmp_path, random_model_dir, mo
 # ---------------------------------------------------------------------------------------------------------
 # processes killed and signalled
 
-def spawn(model_dir, out, *extra):
+def spawn(model_dir, out, *extra, env=None):
     args = ["train", f"model.path={model_dir}", f"train.output_dir={out}", *FAST, *extra]
     return subprocess.Popen([sys.executable, "-m", "grpo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, env=env)
 
 
 def wait_for_rows(proc, out, n: int) -> None:
@@ -187,32 +188,43 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert [r["step"] for r in rows(out)] == list(range(done + 3))
 
 
-def interrupted(model_dir, out):
+def interrupted(model_dir, out, *extra):
     """A long run into `out`, sent SIGINT once it has logged its first step."""
-    proc = spawn(model_dir, out, "train.steps=200")
+    proc = spawn(model_dir, out, "train.steps=200", *extra)
     wait_for_rows(proc, out, 2)
     proc.send_signal(signal.SIGINT)
     return proc
 
 
 def _read_until(proc, text: str) -> str:
-    """The run's stderr until a line holds `text` (it stops waiting after 60 s, or when the run ends)."""
-    seen, deadline = "", time.monotonic() + 60
-    while text not in seen:
+    """The run's stderr until it holds `text` (it stops waiting after 60 s, or when the run ends). It reads the pipe
+    itself, not through the text stream, whose buffer could hold `text` while select() waits on the empty pipe."""
+    seen, deadline = b"", time.monotonic() + 60
+    while text.encode() not in seen:
         assert time.monotonic() < deadline and proc.poll() is None, seen
         if select.select([proc.stderr], [], [], 0.5)[0]:
-            seen += proc.stderr.readline()
-    return seen
+            seen += os.read(proc.stderr.fileno(), 65536)
+    return seen.decode()
 
 
 @pytest.mark.slow
 def test_second_signal_exits_at_once(tmp_path, random_model_dir):
     out = tmp_path / "twice"
-    proc = interrupted(random_model_dir, out)
-    time.sleep(0.01)
+    # both signals in the middle of a step, while its reward sleeps for 2 s (it says when it starts); the second once
+    # the first was received (two sent at once can merge into one pending signal on a busy machine)
+    marker = tmp_path / "scoring"
+    proc = spawn(random_model_dir, out, "train.steps=200", "rewards=[tests.integration.rewards:slow]",
+                 "algo.dynamic_sampling=false",
+                 env={**os.environ, "SLOW_REWARD_MARKER": str(marker)})
+    wait_for_rows(proc, out, 2)  # step 1 is done
+    scored = len(marker.read_text().splitlines())
+    while proc.poll() is None and len(marker.read_text().splitlines()) == scored:  # step 2 is scoring
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    seen = _read_until(proc, "SIGINT received: finishing this step")
     proc.send_signal(signal.SIGINT)
     code = proc.wait(timeout=60)
-    assert code == 130 and "second SIGINT: exiting now" in proc.stderr.read()
+    assert code == 130 and "second SIGINT: exiting now" in seen + proc.stderr.read()
     assert (out / "metrics.jsonl").exists()
 
 
