@@ -76,7 +76,7 @@ def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
                              if spec.num_iterations > 1 or steps > 1 or masking else (None, None))
     if spec.num_iterations == 1 and steps == 1:  # one update: the ratio is to the training pass itself (logp.detach())
         old_logp = None
-    minis = [_mini_batch(learner, exp, rows, ref_logp, old_logp, old_entropy, dist)
+    minis = [_mini_batch(learner, exp, rows, whole, ref_logp, old_logp, old_entropy, dist)
              for rows in mini_batch_rows(exp.group, steps)]
     # 7. the updates: each mini-batch in turn, μ times
     return [_update(learner, dist, *m) for _ in range(spec.num_iterations) for m in minis if m is not None]
@@ -92,11 +92,12 @@ def mini_batch_rows(group: torch.Tensor, steps: int) -> list[list[int]]:
     return [[i for i, k in enumerate(which) if k == m] for m in range(steps)]
 
 
-def _mini_batch(learner: Learner, exp: Experience, rows: list[int], ref_logp, old_logp, old_entropy, dist: Dist):
+def _mini_batch(learner: Learner, exp: Experience, rows: list[int], exp_parts, ref_logp, old_logp, old_entropy,
+                dist: Dist):
     """What one optimiser update needs of the rows `rows` of `exp` (None when no process has any: the step then
     makes fewer updates, on every process alike): the rows, their micro-batches and quarters, the normaliser
     and the loss-token count over this update's rows of every process, their reference and old log-probs, and the
-    top-entropy mask."""
+    top-entropy mask. `exp_parts`: the micro-batches of the whole of `exp`, which a mini-batch of every row keeps."""
     spec = learner.spec
     whole = len(rows) == len(exp)
     part = exp if whole else exp.select(rows)
@@ -109,7 +110,8 @@ def _mini_batch(learner: Learner, exp: Experience, rows: list[int], ref_logp, ol
     if not rows_seen:
         return None
     normalizer = loss_normalizer(spec, num_sequences=int(sequences), num_tokens=int(tokens))
-    parts = list(micro_batches(part.prompt_mask, part.completion_mask, learner.max_rows, learner.max_tokens))
+    parts = exp_parts if whole else list(micro_batches(part.prompt_mask, part.completion_mask, learner.max_rows,
+                                                       learner.max_tokens))
     # top-entropy masking: the threshold over every loss token of the update, on every process (SPEC 13.8)
     keep = None
     if spec.top_entropy_quantile < 1:

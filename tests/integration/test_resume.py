@@ -188,9 +188,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert [r["step"] for r in rows(out)] == list(range(done + 3))
 
 
-def interrupted(model_dir, out, *extra):
+def interrupted(model_dir, out):
     """A long run into `out`, sent SIGINT once it has logged its first step."""
-    proc = spawn(model_dir, out, "train.steps=200", *extra)
+    proc = spawn(model_dir, out, "train.steps=200")
     wait_for_rows(proc, out, 2)
     proc.send_signal(signal.SIGINT)
     return proc
