@@ -144,9 +144,12 @@ class RolloutConfig:
     max_new_tokens: int = opt(32, "Longest completion, in tokens; a completion without EOS by then is truncated. "
                                  "Also L_max of the Dr. GRPO constant normaliser.", ge=1)
     temperature: float = opt(1.0, "Sampling temperature; log-probs for the loss use the same temperature.", gt=0)
-    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability.",
+    top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (after "
+                            "top_k). Under truncation the loss's ratio is to the policy renormalised over the kept "
+                            "set, replayed on the trainer's logits; the KL stays full-vocabulary (SPEC 14.12).",
                        gt=0, le=1)
-    top_k: int = opt(0, "Keep only the k most likely tokens when sampling; 0 keeps all.", ge=0)
+    top_k: int = opt(0, "Keep only the k most likely tokens when sampling (ties kept); 0 keeps all. The loss "
+                        "treats it as top_p does.", ge=0)
     min_new_tokens: int = opt(0, "EOS cannot be sampled before this many tokens (as in transformers' generate); "
                                  "at most max_new_tokens.", ge=0)
     backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS ({names}): 'hf' samples in-process "

@@ -55,6 +55,8 @@ class Learner:
     max_grad_norm: float                     # 0: no clipping
     entropy: EntropyControl | None = None    # the adaptive entropy coefficient's state; None: a fixed one
     steps_per_generation: int = 1            # mini-batches (optimiser updates) per batch of rollouts, each ×μ
+    truncation: tuple[int, float] | None = None  # (top_k, top_p) of truncated sampling, None without: the ratio is
+    # then to the policy renormalised over the kept set of each position, the KL stays full-vocabulary (SPEC 14.12)
 
 
 # the figures of `policy_loss` that are not means over the loss tokens (the others are summed as mean × tokens)
@@ -72,7 +74,7 @@ def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
     # update, for every mini-batch (the ratio of mini-batch m is to θ_vprox, m − 1 updates back)
     ref_logp = _logprobs_no_grad(learner, learner.reference, exp, whole)[0] if learner.reference is not None else None
     masking = spec.top_entropy_quantile < 1
-    old_logp, old_entropy = (_logprobs_no_grad(learner, learner.trainable, exp, whole, entropy=masking)
+    old_logp, old_entropy = (_logprobs_no_grad(learner, learner.trainable, exp, whole, entropy=masking, ratio=True)
                              if spec.num_iterations > 1 or steps > 1 or masking else (None, None))
     if spec.num_iterations == 1 and steps == 1:  # one update: the ratio is to the training pass itself (logp.detach())
         old_logp = None
@@ -151,21 +153,27 @@ def micro_batches(prompt_mask: torch.Tensor, completion_mask: torch.Tensor, max_
         start = end
 
 
-def _mb_logprobs(learner: Learner, module, exp: Experience, rows, pcols, ccols, entropy: bool = False):
-    return module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
-                  exp.completion_mask[rows, ccols], temperature=learner.temperature, chunk_size=learner.chunk_size,
-                  entropy=entropy)
+def _mb_logprobs(learner: Learner, module, exp: Experience, rows, pcols, ccols, entropy: bool = False,
+                 ratio: bool = False):
+    """A micro-batch's (log-probs, entropies or None, log-probs of the ratio or None): the last, with `ratio`
+    and truncated sampling, renormalised over the sampler's kept set (SPEC 14.12); None when they are the first."""
+    truncation = learner.truncation if ratio else None
+    out = module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
+                 exp.completion_mask[rows, ccols], temperature=learner.temperature, chunk_size=learner.chunk_size,
+                 entropy=entropy, truncation=truncation)
+    out = out if isinstance(out, tuple) else (out,)
+    return out[0], out[1] if entropy else None, out[-1] if truncation is not None else None
 
 
-def _logprobs_no_grad(learner: Learner, module, exp: Experience, parts, entropy: bool = False):
-    """(N, T) log-probs of the whole step without gradients, and its entropies if asked (else None)."""
+def _logprobs_no_grad(learner: Learner, module, exp: Experience, parts, entropy: bool = False, ratio: bool = False):
+    """(N, T) log-probs of the whole step without gradients (with `ratio`, those of the ratio: `_mb_logprobs`),
+    and its entropies if asked (else None)."""
     out = torch.zeros(exp.completion_ids.shape, dtype=torch.float32, device=exp.completion_ids.device)  # (N, T)
     ent = torch.zeros_like(out) if entropy else None
     for rows, pcols, ccols in parts:
         with inference(module):  # no autograd bookkeeping; the copy into `out` leaves inference mode
-            result = _mb_logprobs(learner, module, exp, rows, pcols, ccols, entropy=entropy)
-        logp, h = result if entropy else (result, None)
-        out[rows, ccols] = logp.float()
+            logp, h, logp_k = _mb_logprobs(learner, module, exp, rows, pcols, ccols, entropy=entropy, ratio=ratio)
+        out[rows, ccols] = (logp if logp_k is None else logp_k).float()
         if entropy:
             ent[rows, ccols] = h.float()
     return out, ent
@@ -188,7 +196,9 @@ def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, norm
     finite = torch.ones((), dtype=torch.bool, device=exp.completion_ids.device)
     for i, ((rows, pcols, ccols), (index, n)) in enumerate(zip(parts, quarters)):
         with no_sync(learner.trainable, skip=i < len(parts) - 1):  # DDP all-reduces once, after the last micro-batch
-            logp, entropy = _mb_logprobs(learner, learner.trainable, exp, rows, pcols, ccols, entropy=True)
+            full, entropy, truncated = _mb_logprobs(learner, learner.trainable, exp, rows, pcols, ccols, entropy=True,
+                                                    ratio=True)
+            logp = full if truncated is None else truncated  # the ratio's (SPEC 14.12)
             old = old_logp[rows, ccols] if old_logp is not None else logp.detach()
             ref = ref_logp[rows, ccols] if ref_logp is not None else None
             mask = exp.loss_mask[rows, ccols]
@@ -201,7 +211,7 @@ def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, norm
             loss, stats = policy_loss(logp, old, exp.advantages[rows, ccols], mask, spec, ref_logp=ref,
                                       normalizer=normalizer, is_weight=correction,
                                       keep=keep[rows, ccols] if keep is not None else None,  # the top-entropy mask
-                                      behaviour_logp=sampler)
+                                      behaviour_logp=sampler, kl_logp=None if truncated is None else full)
             if bonused:  # −c·H̄ over the step's loss tokens (SPEC 14.7)
                 bonus = entropy_bonus(entropy, mask, coef, tokens)
                 loss = loss + bonus

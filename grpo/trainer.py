@@ -309,7 +309,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                       LossSpec.from_algo(a, max_completion_length=max_episode_tokens(cfg, policy)),
                       cfg.rollout.temperature, m.logprob_chunk_size, c.micro_batch_size, c.micro_batch_tokens,
                       cfg.optim.max_grad_norm, EntropyControl(a.entropy_coef) if a.use_adaptive_entropy else None,
-                      cfg.train.steps_per_generation)
+                      cfg.train.steps_per_generation, rollout_sampling(cfg.rollout, 1).truncation)
     # every prompt fits the context with room for a completion (refused, or cut from the left)
     limit, why = prompt_limit(policy, cfg)
     fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,

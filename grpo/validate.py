@@ -74,12 +74,6 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
         if corrections:
             out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
                        "so the sampler-trainer correction is exactly 1 and cannot act")
-    if r.top_p < 1 or r.top_k:
-        what = " and ".join(x for x in (f"rollout.top_p={r.top_p:g}" if r.top_p < 1 else "",
-                                        f"rollout.top_k={r.top_k}" if r.top_k else "") if x)
-        out.append(f"{what}: completions are sampled from the truncated distribution but the loss's log-probs (the "
-                   "ratio, the KL, the sampler correction) come from the full one, so training is slightly "
-                   "off-policy (SPEC 11.7; huggingface/trl#6789); train with top_p=1 and top_k=0")
     return out
 
 

@@ -9,7 +9,7 @@ from grpo.algo._checks import RewardRangeError
 from grpo.algo.correction import CORRECTIONS, sampler_weights
 from grpo.algo.entropy import (applied_entropy_coef, entropy_bonus, entropy_figures, entropy_threshold,
                                next_entropy_coef, top_entropy_mask)
-from grpo.algo.logprobs import token_logprobs, token_logprobs_from_hidden
+from grpo.algo.logprobs import sampling_keep_mask, token_logprobs, token_logprobs_from_hidden
 from grpo.algo.loss import (AGGREGATIONS, KL_KINDS, RATIO_LEVELS, UNBIASED_KL, kl_penalty, loss_normalizer,
                             off_policy_sequence_mask, policy_loss)
 from grpo.algo.presets import PRESETS, Preset, get_preset, preset_values
@@ -21,4 +21,5 @@ __all__ = ["ADVANTAGES", "AGGREGATIONS", "AdvantageSpec", "CORRECTIONS", "KL_KIN
            "compute_advantages", "entropy_bonus", "entropy_figures", "entropy_threshold", "gdpo_advantages",
            "get_preset", "group_advantages", "informative_groups", "kl_penalty", "loss_normalizer", "maxrl_advantages",
            "next_entropy_coef", "off_policy_sequence_mask", "policy_loss", "preset_values", "process_advantages",
-           "rloo_advantages", "sampler_weights", "token_logprobs", "token_logprobs_from_hidden", "top_entropy_mask"]
+           "rloo_advantages", "sampler_weights", "sampling_keep_mask", "token_logprobs", "token_logprobs_from_hidden",
+           "top_entropy_mask"]

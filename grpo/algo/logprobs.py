@@ -11,6 +11,11 @@ Three ways, equal in value and gradient (tests pin this):
   behind Liger's and Unsloth's fused linear cross-entropy). This is what the trainer uses.
 
 All return log-probs of shape (B, T) in float32 (float64 for float64 inputs).
+
+With `truncation=(top_k, top_p)`, the sampler's truncated sampling (SPEC 14.12, Keep Sampling Mask), each also
+returns, last, ℓ^K = ℓ − log Σ_{v∈K} e^{ℓ_v}: the log-prob of the target under the policy renormalised over the kept
+set K of its position, which `sampling_keep_mask` replays on these logits (top-k, then top-p over the top-k
+probabilities, the target always kept). K is a constant of the gradient; the renormaliser is differentiated.
 """
 from __future__ import annotations
 
@@ -39,8 +44,51 @@ def _check_range(targets: torch.Tensor, vocab: int) -> None:
         raise ValueError(f"targets holds token ids outside [0, {vocab}) (vocabulary size {vocab})")
 
 
+def sampling_keep_mask(z: torch.Tensor, targets: torch.Tensor | None = None, top_k: int = 0,
+                       top_p: float = 1.0) -> torch.Tensor:
+    """The kept set K of truncated sampling at each position, replayed on logits already divided by the
+    temperature: (N, V), (N,) → (N, V) bool (SPEC 14.12). Top-k keeps the tokens whose logit is at least the k-th
+    largest (ties at the k-th are kept, as the in-process sampler does); top-p then keeps the smallest prefix of the
+    remaining tokens, by decreasing probability renormalised over them, whose probability reaches `top_p` (a token
+    is kept iff the probability of the tokens before it is < top_p); the target (the sampled token), where given, is
+    always kept. top_k = 0 and top_p = 1 keep everything. The in-process sampler draws from this set
+    (`grpo.rollout.hf.sample_next`), so there the replayed K is the sampler's.
+
+    Example (SPEC 14.12): logits (2.0, 1.5, 0.5, −1.0), top_p = 0.8 → K = {0, 1} (cumulative 0.532071 < 0.8).
+    """
+    v = z.shape[-1]
+    keep = torch.ones(z.shape, dtype=torch.bool, device=z.device)
+    if 0 < top_k < v:
+        keep = z >= torch.topk(z, top_k, dim=-1).values[:, -1:]
+    if top_p < 1.0:
+        ordered, order = torch.sort(z.masked_fill(~keep, float("-inf")), dim=-1, descending=True)
+        probs = torch.softmax(ordered, dim=-1)
+        drop = probs.cumsum(dim=-1) - probs >= top_p
+        keep &= ~drop.scatter(-1, order, drop)
+    return keep if targets is None else keep.scatter_(-1, targets.unsqueeze(-1), True)
+
+
+def _check_truncation(truncation) -> tuple[int, float] | None:
+    """(top_k, top_p) when it truncates anything, else None."""
+    if truncation is None:
+        return None
+    top_k, top_p = truncation
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"truncation's top_k must be an integer >= 0 (0 keeps every token), got {top_k!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"truncation's top_p must be in (0, 1], got {top_p!r}")
+    return None if top_k == 0 and top_p == 1 else (int(top_k), float(top_p))
+
+
+def _outputs(out, ent, outk, shape, entropy: bool, truncation):
+    """What the public functions return: log-probs, then the entropies if asked, then ℓ^K if truncating."""
+    extra = ([ent.view(shape)] if entropy else []) + ([outk.view(shape)] if truncation is not None else [])
+    return (out.view(shape), *extra) if extra else out.view(shape)
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
-                   chunk_size: int | None = None, entropy: bool = False):
+                   chunk_size: int | None = None, entropy: bool = False,
+                   truncation: tuple[int, float] | None = None):
     """log softmax(logits / temperature)[targets]: (B, T, V), (B, T) → (B, T) float32.
 
     With `chunk_size`, at most `chunk_size` positions are turned into float32 at a time, forward and backward.
@@ -48,29 +96,39 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
     temperature, per position: (logp, H). H is differentiable (∂H/∂logits = −p ⊙ (log p + H) / temperature: the
     entropy bonus, SPEC 14.7); what does not use it costs nothing in the backward pass.
 
+    `truncation=(top_k, top_p)`: also ℓ^K (the module docstring), last: (logp, [H,] ℓ^K).
+
     Example: logits [[[0, ln 3]]] (one position, V = 2), target 1 → log(3/4) = −0.287682; H = 0.562335.
     """
     _check("logits", logits, targets, temperature)
     _check_range(targets, logits.shape[-1])
-    if chunk_size is None:
-        logp = torch.log_softmax(logits.to(_acc(logits.dtype)) / temperature, dim=-1)
-        out = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        if not entropy:
-            return out
-        return out, -(logp.exp() * logp).sum(-1)
-    check_positive_int("chunk_size", chunk_size)
+    truncation = _check_truncation(truncation)
     b, t, v = logits.shape
-    out, ent = _ChunkedLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), temperature, chunk_size,
-                                      entropy)
-    return (out.view(b, t), ent.view(b, t)) if entropy else out.view(b, t)
+    if chunk_size is None:
+        z = logits.to(_acc(logits.dtype)) / temperature
+        logp = torch.log_softmax(z, dim=-1)
+        out = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        ent = -(logp.exp() * logp).sum(-1) if entropy else None
+        outk = None
+        if truncation is not None:
+            keep = sampling_keep_mask(z.reshape(b * t, v), targets.reshape(b * t), *truncation).view(b, t, v)
+            outk = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
+                z.masked_fill(~keep, float("-inf")), dim=-1)
+        return _outputs(out, ent, outk, (b, t), entropy, truncation)
+    check_positive_int("chunk_size", chunk_size)
+    out, ent, outk = _ChunkedLogprobs.apply(logits.reshape(b * t, v), targets.reshape(b * t), temperature,
+                                            chunk_size, entropy, truncation)
+    return _outputs(out, ent, outk, (b, t), entropy, truncation)
 
 
 def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                                temperature: float = 1.0, chunk_size: int = 1024,
-                               matmul_dtype: torch.dtype | None = None, entropy: bool = False):
+                               matmul_dtype: torch.dtype | None = None, entropy: bool = False,
+                               truncation: tuple[int, float] | None = None):
     """log softmax((hidden @ weight.T) / temperature)[targets]: (B, T, H), (V, H), (B, T) → (B, T) float32.
     `entropy=True` also returns the entropy of each position's distribution, from the same chunks (never a
-    (B, T, V) tensor; SPEC 13.5): (logp, H), H differentiable as in `token_logprobs`.
+    (B, T, V) tensor; SPEC 13.5): (logp, H), H differentiable as in `token_logprobs`. `truncation=(top_k, top_p)`:
+    also ℓ^K, last, as in `token_logprobs`.
 
     `weight` is the output projection (`model.lm_head.weight`, no bias). The (chunk, V) logits exist one
     chunk at a time; gradients flow to both `hidden` and `weight`. `matmul_dtype` (e.g. bfloat16, as autocast
@@ -84,10 +142,11 @@ def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targe
                          "last dimension; weight must be (vocab, hidden)")
     _check_range(targets, weight.shape[0])
     check_positive_int("chunk_size", chunk_size)
+    truncation = _check_truncation(truncation)
     b, t, h = hidden.shape
-    out, ent = _HiddenLogprobs.apply(hidden.reshape(b * t, h), weight, targets.reshape(b * t), temperature,
-                                     chunk_size, matmul_dtype, entropy)
-    return (out.view(b, t), ent.view(b, t)) if entropy else out.view(b, t)
+    out, ent, outk = _HiddenLogprobs.apply(hidden.reshape(b * t, h), weight, targets.reshape(b * t), temperature,
+                                           chunk_size, matmul_dtype, entropy, truncation)
+    return _outputs(out, ent, outk, (b, t), entropy, truncation)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -99,14 +158,31 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: torch.Tensor | None = None):
+def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: torch.Tensor | None = None,
+                   truncation: tuple[int, float] | None = None, outk: torch.Tensor | None = None):
     """This chunk's log-probs and log-sum-exp; with `ent` (a slice of the output), its entropies written there:
-    H = lse − Σ p·z, the form TRL and verl use."""
+    H = lse − Σ p·z, the form TRL and verl use. With `truncation`, ℓ^K written into `outk`, and the log-sum-exp
+    over K returned too (else None)."""
     z = z.to(_acc(z.dtype)) / temperature  # (c, V) in float32, one chunk only
     lse = torch.logsumexp(z, dim=-1)
     if ent is not None:
         ent.copy_(lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1))
-    return z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse, lse
+    picked = z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    lse_k = None
+    if truncation is not None:
+        lse_k = torch.logsumexp(z.masked_fill_(~_keep(z, tgt, truncation), float("-inf")), dim=-1)
+        outk.copy_(picked - lse_k)
+    return picked - lse, lse, lse_k
+
+
+# rows of a chunk whose kept set is found at once: the sort behind top-p holds (rows, V) values and int64 indices
+_KEEP_ROWS = 256
+
+
+def _keep(z: torch.Tensor, tgt: torch.Tensor, truncation: tuple[int, float]) -> torch.Tensor:
+    """`sampling_keep_mask` of a chunk, a few rows at a time."""
+    return torch.cat([sampling_keep_mask(z[s:s + _KEEP_ROWS], tgt[s:s + _KEEP_ROWS], *truncation)
+                      for s in range(0, z.shape[0], _KEEP_ROWS)]) if z.shape[0] else z.new_zeros(z.shape, dtype=bool)
 
 
 def _entropies(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> torch.Tensor:
@@ -114,76 +190,92 @@ def _entropies(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> 
 
 
 def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.Tensor | None, temperature: float,
-               g_ent: torch.Tensor | None = None, ent: torch.Tensor | None = None):
-    """Gradient of Σ g·logp + Σ g_ent·H with respect to this chunk's logits z, in float32 (g None: 0; g_ent None:
-    the entropies unused): ∂logp/∂z = (1[target] − p)/T, ∂H/∂z = −p ⊙ (log p + H)/T."""
-    logp = z.to(_acc(z.dtype)) / temperature - lse.unsqueeze(-1)
-    p = torch.exp(logp)
-    if g_ent is None:
-        grad = p.mul_(-g.unsqueeze(-1))
-    else:
-        weight = g_ent.unsqueeze(-1) * (logp + ent.unsqueeze(-1))
-        if g is not None:
-            weight = weight + g.unsqueeze(-1)
-        grad = p.mul_(-weight)
+               g_ent: torch.Tensor | None = None, ent: torch.Tensor | None = None, g_k: torch.Tensor | None = None,
+               lse_k: torch.Tensor | None = None, truncation: tuple[int, float] | None = None):
+    """Gradient of Σ g·logp + Σ g_ent·H + Σ g_k·ℓ^K with respect to this chunk's logits z, in float32 (a None
+    gradient: 0; g_ent None: the entropies unused): ∂logp/∂z = (1[target] − p)/T, ∂H/∂z = −p ⊙ (log p + H)/T,
+    ∂ℓ^K/∂z = (1[target] − p^K)/T with p^K the softmax over K (0 outside it)."""
+    zs = z.to(_acc(z.dtype)) / temperature
+    weight = None  # the factor of −p
+    if g_ent is not None:
+        weight = g_ent.unsqueeze(-1) * (zs - lse.unsqueeze(-1) + ent.unsqueeze(-1))
     if g is not None:
-        grad.scatter_add_(-1, tgt.unsqueeze(-1), g.unsqueeze(-1))
+        weight = g.unsqueeze(-1) if weight is None else weight + g.unsqueeze(-1)
+    if weight is not None:
+        grad = torch.exp(zs - lse.unsqueeze(-1)).mul_(-weight)
+    else:
+        grad = torch.zeros_like(zs)
+    picked = g
+    if g_k is not None:
+        keep = _keep(zs, tgt, truncation)
+        grad.sub_(torch.exp(zs - lse_k.unsqueeze(-1)).masked_fill_(~keep, 0.0).mul_(g_k.unsqueeze(-1)))
+        picked = g_k if picked is None else picked + g_k
+    if picked is not None:
+        grad.scatter_add_(-1, tgt.unsqueeze(-1), picked.unsqueeze(-1))
     return grad.div_(temperature)
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, targets, temperature, chunk_size, entropy):
+    def forward(ctx, logits, targets, temperature, chunk_size, entropy, truncation):
         n = logits.shape[0]
-        out = logits.new_empty(n, dtype=_acc(logits.dtype))
-        lse = logits.new_empty(n, dtype=_acc(logits.dtype))
-        ent = _entropies(n, logits, _acc(logits.dtype), entropy)
+        acc = _acc(logits.dtype)
+        out, lse = logits.new_empty(n, dtype=acc), logits.new_empty(n, dtype=acc)
+        ent = _entropies(n, logits, acc, entropy)
+        outk, lse_k = (_entropies(n, logits, acc, truncation is not None) for _ in range(2))
         for s in range(0, n, chunk_size):
-            out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(
-                logits[s:s + chunk_size], targets[s:s + chunk_size], temperature,
-                ent[s:s + chunk_size] if entropy else None)
-        ctx.save_for_backward(logits, targets, lse, ent)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+            e = s + chunk_size
+            out[s:e], lse[s:e], k = _chunk_forward(logits[s:e], targets[s:e], temperature,
+                                                   ent[s:e] if entropy else None, truncation, outk[s:e])
+            if k is not None:
+                lse_k[s:e] = k
+        ctx.save_for_backward(logits, targets, lse, ent, lse_k)
+        ctx.temperature, ctx.chunk_size, ctx.truncation = temperature, chunk_size, truncation
         ctx.set_materialize_grads(False)  # an output the loss does not use has no gradient (None), not zeros
-        return out, ent
+        return out, ent, outk
 
     @staticmethod
-    def backward(ctx, grad_out, grad_ent):
-        logits, targets, lse, ent = ctx.saved_tensors
-        if grad_out is None and grad_ent is None:
-            return None, None, None, None, None
+    def backward(ctx, grad_out, grad_ent, grad_outk):
+        logits, targets, lse, ent, lse_k = ctx.saved_tensors
+        if grad_out is None and grad_ent is None and grad_outk is None:
+            return None, None, None, None, None, None
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], ctx.chunk_size):
             e = s + ctx.chunk_size
             grad[s:e] = _chunk_grad(logits[s:e], targets[s:e], lse[s:e], _part(grad_out, s, e, lse),
-                                    ctx.temperature, _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent))
-        return grad, None, None, None, None
+                                    ctx.temperature, _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent),
+                                    _part(grad_outk, s, e, lse), _part(lse_k, s, e, lse, grad_outk), ctx.truncation)
+        return grad, None, None, None, None, None
 
 
 class _HiddenLogprobs(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, chunk_size, matmul_dtype, entropy):
+    def forward(ctx, hidden, weight, targets, temperature, chunk_size, matmul_dtype, entropy, truncation):
         n = hidden.shape[0]
         dtype = matmul_dtype or torch.promote_types(hidden.dtype, weight.dtype)
-        out = hidden.new_empty(n, dtype=_acc(dtype))
-        lse = hidden.new_empty(n, dtype=_acc(dtype))
-        ent = _entropies(n, hidden, _acc(dtype), entropy)
+        acc = _acc(dtype)
+        out, lse = hidden.new_empty(n, dtype=acc), hidden.new_empty(n, dtype=acc)
+        ent = _entropies(n, hidden, acc, entropy)
+        outk, lse_k = (_entropies(n, hidden, acc, truncation is not None) for _ in range(2))
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             for s in range(0, n, chunk_size):
-                z = hidden[s:s + chunk_size].to(dtype) @ w.T
-                out[s:s + chunk_size], lse[s:s + chunk_size] = _chunk_forward(
-                    z, targets[s:s + chunk_size], temperature, ent[s:s + chunk_size] if entropy else None)
-        ctx.save_for_backward(hidden, weight, targets, lse, ent)
-        ctx.temperature, ctx.chunk_size, ctx.dtype = temperature, chunk_size, dtype
+                e = s + chunk_size
+                z = hidden[s:e].to(dtype) @ w.T
+                out[s:e], lse[s:e], k = _chunk_forward(z, targets[s:e], temperature, ent[s:e] if entropy else None,
+                                                       truncation, outk[s:e])
+                if k is not None:
+                    lse_k[s:e] = k
+        ctx.save_for_backward(hidden, weight, targets, lse, ent, lse_k)
+        ctx.temperature, ctx.chunk_size, ctx.dtype, ctx.truncation = temperature, chunk_size, dtype, truncation
         ctx.set_materialize_grads(False)  # an output the loss does not use has no gradient (None), not zeros
-        return out, ent
+        return out, ent, outk
 
     @staticmethod
-    def backward(ctx, grad_out, grad_ent):
-        hidden, weight, targets, lse, ent = ctx.saved_tensors
-        if grad_out is None and grad_ent is None:
-            return None, None, None, None, None, None, None
+    def backward(ctx, grad_out, grad_ent, grad_outk):
+        hidden, weight, targets, lse, ent, lse_k = ctx.saved_tensors
+        if grad_out is None and grad_ent is None and grad_outk is None:
+            return None, None, None, None, None, None, None, None
         dtype = ctx.dtype
         grad_h = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=_acc(dtype), device=weight.device) \
@@ -194,13 +286,14 @@ class _HiddenLogprobs(torch.autograd.Function):
                 e = s + ctx.chunk_size
                 h = hidden[s:e].to(dtype)
                 dz = _chunk_grad(h @ w.T, targets[s:e], lse[s:e], _part(grad_out, s, e, lse), ctx.temperature,
-                                 _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent))
+                                 _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent),
+                                 _part(grad_outk, s, e, lse), _part(lse_k, s, e, lse, grad_outk), ctx.truncation)
                 dz = dz.to(dtype)
                 if grad_h is not None:
                     grad_h[s:e] = dz @ w
                 if grad_w is not None:
                     grad_w += (dz.T @ h).to(grad_w.dtype)
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None, None, None
 
 
 def _part(x: torch.Tensor | None, s: int, e: int, like: torch.Tensor, wanted: object = True) -> torch.Tensor | None:

@@ -143,7 +143,8 @@ def loss_normalizer(spec: LossSpec, *, num_sequences: int, num_tokens: int) -> f
 def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, spec: LossSpec, *,
                 ref_logp: torch.Tensor | None = None, normalizer: float | None = None,
                 is_weight: torch.Tensor | None = None, keep: torch.Tensor | None = None,
-                behaviour_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                behaviour_logp: torch.Tensor | None = None,
+                kl_logp: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Surrogate loss with a KL penalty: (B, T) log-probs → (scalar loss, stats).
 
     Args:
@@ -162,6 +163,9 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
         keep: (B, T) 0/1 weights of the policy term alone (top-entropy masking, SPEC 13.5); None means 1.
         behaviour_logp: (B, T) ℓ_beh of OPSM (spec.off_policy_mask_threshold): the sampler's log-probs where it
             reports them; None takes `old_logp` (ℓ_prox), so with μ = 1 OPSM never fires.
+        kl_logp: (B, T) the policy's log-probs for the KL term when they differ from `logp` (differentiable): under
+            truncated sampling `logp` and `old_logp` are renormalised over the sampler's kept set while the KL
+            stays full-vocabulary (SPEC 14.12); None takes `logp`.
 
     Per token: L = −M·P(r, Â)·w·keep + β·KL, with P the surrogate (`grpo.algo.surrogates`), r the ratio to the
     old policy, per token or per sequence (`RATIO_LEVELS`), M OPSM's sequence mask (1 when off), and KL k3 (or
@@ -189,7 +193,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
                          f"({logp.shape[0]},) or {tuple(logp.shape)}")
     if ref_logp is not None:
         check_same_shape("ref_logp", ref_logp, "logp", logp)
-    for name, x in (("is_weight", is_weight), ("keep", keep), ("behaviour_logp", behaviour_logp)):
+    for name, x in (("is_weight", is_weight), ("keep", keep), ("behaviour_logp", behaviour_logp),
+                    ("kl_logp", kl_logp)):
         if x is not None:
             check_same_shape(name, x, "logp", logp)
     if spec.beta > 0 and ref_logp is None:
@@ -224,7 +229,8 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, m
 
     kl = None
     if ref_logp is not None:
-        kl = kl_penalty(lp, torch.where(valid, ref_logp.detach(), zero), spec.kl_kind)
+        kl = kl_penalty(lp if kl_logp is None else torch.where(valid, kl_logp, zero),
+                        torch.where(valid, ref_logp.detach(), zero), spec.kl_kind)
         if spec.unbiased_kl != "off":  # r·k: r to π_prox, not detached (SPEC 14.5)
             kl = ratio * kl
             if spec.unbiased_kl == "behaviour" and weight is not None:

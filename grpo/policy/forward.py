@@ -68,11 +68,13 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
 
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float, chunk_size: int,
-                        path: ForwardPath | None = None, entropy: bool = False):
+                        path: ForwardPath | None = None, entropy: bool = False,
+                        truncation: tuple[int, float] | None = None):
     """(B, T) log-probs of `completion_ids` given the prompts, from logits / temperature (float32), computed
     as `path` says (None: `forward_path(model)`, fused where the model allows, nothing else). The caller
     enters autocast; `path.autocast_bf16` is `LogprobModule`'s to apply. `entropy=True`: (log-probs, the
-    policy's entropy at each of those positions), the latter from the same chunks and detached."""
+    policy's entropy at each of those positions), the latter from the same chunks. `truncation=(top_k, top_p)`:
+    also, last, the log-probs renormalised over the sampler's kept set (SPEC 14.12; `grpo.algo.token_logprobs`)."""
     path = path or forward_path(model)
     lp = prompt_ids.shape[1]
     t = completion_ids.shape[1]
@@ -98,9 +100,10 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
         return token_logprobs_from_hidden(hidden, model.get_output_embeddings().weight, completion_ids,
                                           temperature=temperature, chunk_size=chunk_size, matmul_dtype=dtype,
-                                          entropy=entropy)
+                                          entropy=entropy, truncation=truncation)
     logits = model(**inputs.forward_kwargs(), logits_to_keep=t).logits  # (B, T, V)
-    return token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size, entropy=entropy)
+    return token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size, entropy=entropy,
+                          truncation=truncation)
 
 
 def _shared_prompt_hidden(decoder, ids, attn, position, lp: int) -> torch.Tensor | None:
@@ -136,7 +139,7 @@ class LogprobModule(torch.nn.Module):
         self.train_mode = train_mode
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature: float,
-                chunk_size: int, entropy: bool = False):
+                chunk_size: int, entropy: bool = False, truncation: tuple[int, float] | None = None):
         with contextlib.ExitStack() as stack:
             if self.adapter_off:
                 stack.enter_context(self.model.disable_adapter())
@@ -147,4 +150,4 @@ class LogprobModule(torch.nn.Module):
                 stack.callback(self.model.eval)
             return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                        temperature=temperature, chunk_size=chunk_size, path=self.path,
-                                       entropy=entropy)
+                                       entropy=entropy, truncation=truncation)

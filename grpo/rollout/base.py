@@ -21,6 +21,12 @@ class Sampling:
     top_k: int = 0              # 0 keeps the whole vocabulary
     min_new_tokens: int = 0     # EOS is not sampled before this many tokens
 
+    @property
+    def truncation(self) -> tuple[int, float] | None:
+        """(top_k, top_p) when sampling keeps only part of the vocabulary (the loss then replays the kept set,
+        SPEC 14.12), else None."""
+        return (self.top_k, self.top_p) if self.top_k > 0 or self.top_p < 1 else None
+
 
 def rollout_sampling(rollout, n: int) -> Sampling:
     """The sampling settings of a `rollout.*` config section (`grpo.config.RolloutConfig`), n completions a prompt."""

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 import torch
 
+from grpo.algo.logprobs import sampling_keep_mask
 from grpo.policy.context import inference
 from grpo.policy.inputs import model_inputs
 from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompts, prompt_limits, prompt_seeds,
@@ -33,14 +34,9 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor 
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / sampling.temperature
-    if 0 < sampling.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, sampling.top_k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-        probs = torch.softmax(sorted_logits, dim=-1)
-        drop = probs.cumsum(dim=-1) - probs > sampling.top_p  # keep the smallest prefix reaching top_p
-        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    if 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1.0:  # the set the trainer replays (SPEC 14.12)
+        keep = sampling_keep_mask(logits, top_k=sampling.top_k, top_p=sampling.top_p)
+        logits = logits.masked_fill(~keep, float("-inf"))
     cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
     target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)  # scaled by the total: no rounding past the end
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)

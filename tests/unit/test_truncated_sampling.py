@@ -1,0 +1,195 @@
+"""Top-p / top-k sampling and the importance ratio (SPEC 14.12): Keep Sampling Mask, the kept set K replayed on the
+trainer's logits, pinned to SPEC's worked example (values and gradients), the in-process sampler drawing from the
+same set, and the update taking its ratio to the truncated policy while the KL stays full-vocabulary."""
+import copy
+import math
+
+import pytest
+import torch
+
+from grpo.algo import policy_loss, sampler_weights, sampling_keep_mask, token_logprobs, token_logprobs_from_hidden
+from grpo.collect import collect
+from grpo.config import ModelConfig
+from grpo.distributed import Dist
+from grpo.learn import Learner, learn
+from grpo.models import load_model
+from grpo.policy import LogprobModule
+from grpo.rewards import last_number
+from grpo.rollout import Sampling, sample_next
+
+from algo_specs import loss_spec
+from test_collect import Scripted, collector, stream
+
+LOGITS = [2.0, 1.5, 0.5, -1.0]  # SPEC 14.12: π = (0.532071, 0.322717, 0.118721, 0.026490)
+L_FULL, L_KEPT, S = -1.130978, -0.974077, 0.854789
+D_FULL = [-0.532071, 0.677283, -0.118721, -0.026490]
+D_KEPT = [-0.622459, 0.622459, 0.0, 0.0]
+
+
+def _spec_example(path: str):
+    z = torch.tensor([[LOGITS]], dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([[1]])
+    if path == "hidden":  # the identity projection: the hidden states are the logits
+        out = token_logprobs_from_hidden(z, torch.eye(4, dtype=torch.float64), target, chunk_size=1,
+                                         truncation=(0, 0.8))
+    else:
+        out = token_logprobs(z, target, chunk_size=None if path == "plain" else 1, truncation=(0, 0.8))
+    return z, out
+
+
+def test_spec_example_kept_set():
+    z = torch.tensor([LOGITS])
+    assert sampling_keep_mask(z, torch.tensor([1]), top_p=0.8).tolist() == [[True, True, False, False]]
+    # the sampled token is always kept, even where the sampler's set would not hold it (engine noise)
+    assert sampling_keep_mask(z, torch.tensor([3]), top_p=0.8).tolist() == [[True, True, False, True]]
+    assert sampling_keep_mask(z).all() and sampling_keep_mask(z, top_p=1.0, top_k=0).all()
+
+
+@pytest.mark.parametrize("path", ["plain", "chunked", "hidden"])
+def test_spec_example_values_and_gradients(path):
+    z, (full, kept) = _spec_example(path)
+    assert full.item() == pytest.approx(L_FULL, abs=1e-6)
+    assert kept.item() == pytest.approx(L_KEPT, abs=1e-6)
+    assert (kept - full).item() == pytest.approx(-math.log(S), abs=1e-6)  # Δ = log S = −0.156901
+    g_full, = torch.autograd.grad(full.sum(), z, retain_graph=True)
+    g_kept, = torch.autograd.grad(kept.sum(), z)
+    assert g_full.flatten().tolist() == pytest.approx(D_FULL, abs=1e-6)
+    assert g_kept.flatten().tolist() == pytest.approx(D_KEPT, abs=1e-6)
+
+
+def test_the_sampler_correction_is_one_for_the_truncated_policy_and_s_for_the_full_one():
+    """The sampler's processed log-prob is ℓ^K (vLLM normalises over K): against the trainer's ℓ^K the weight
+    is 1, against the full ℓ it is S, whichever token was drawn (SPEC 14.12)."""
+    _, (full, kept) = _spec_example("plain")
+    full, kept = full.detach().float(), kept.detach().float()
+    mask = torch.ones(1, 1)
+    spec = loss_spec(4, sampler_correction="token_tis", sampler_correction_cap=2.0)
+    w_kept, _ = sampler_weights(kept, kept, mask, spec)
+    w_full, _ = sampler_weights(full, kept, mask, spec)
+    assert w_kept.item() == pytest.approx(1.0, abs=1e-6)
+    assert w_full.item() == pytest.approx(S, abs=1e-6)
+
+
+def test_top_k_then_top_p_over_the_renormalised_top_k():
+    z = torch.tensor([LOGITS])
+    # top-3 renormalised: (0.546549, 0.331498, 0.121953); before token 2: 0.878047 >= 0.8 → dropped
+    assert sampling_keep_mask(z, top_k=3, top_p=0.8).tolist() == [[True, True, False, False]]
+    # over the full distribution the mass before token 2 is 0.854789: at top_p 0.86 only the renormalised one drops it
+    assert sampling_keep_mask(z, top_k=3, top_p=0.86).tolist() == [[True, True, False, False]]
+    assert sampling_keep_mask(z, top_p=0.86).tolist() == [[True, True, True, False]]
+    assert sampling_keep_mask(z, top_p=0.85).tolist() == [[True, True, False, False]]
+    assert sampling_keep_mask(z, top_k=1).tolist() == [[True, False, False, False]]
+    assert sampling_keep_mask(z, top_k=2).tolist() == [[True, True, False, False]]
+    assert sampling_keep_mask(torch.tensor([[1.0, 1.0, 0.0]]), top_k=1).tolist() == [[True, True, False]]  # ties
+
+
+@pytest.mark.parametrize("sampling", [Sampling(1, 1, top_p=0.7), Sampling(1, 1, top_k=3),
+                                      Sampling(1, 1, top_k=5, top_p=0.6, temperature=0.7)])
+def test_the_in_process_sampler_draws_exactly_the_replayed_set(sampling):
+    torch.manual_seed(0)
+    logits = torch.randn(6, 12) * 2
+    draws = 4000
+    rows = logits.repeat_interleave(draws, 0)
+    drawn = sample_next(rows, sampling, torch.rand(rows.shape[0])).view(6, draws)
+    kept = sampling_keep_mask(logits / sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+    for i in range(6):
+        assert set(drawn[i].tolist()) == set(kept[i].nonzero().flatten().tolist())
+
+
+def test_gradients_of_every_output_together_match_the_reference_and_finite_differences():
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 7, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 5))
+
+    def weighted(chunk):
+        outs = token_logprobs(x, targets, chunk_size=chunk, temperature=0.8, entropy=True, truncation=(4, 0.7))
+        return sum(o.sum() * c for o, c in zip(outs, (0.3, 0.5, 1.1)))
+
+    assert torch.autograd.gradcheck(lambda _: weighted(3), (x,))
+    g_chunked, = torch.autograd.grad(weighted(3), x)
+    g_plain, = torch.autograd.grad(weighted(None), x)
+    assert torch.allclose(g_chunked, g_plain, atol=1e-12)
+    h = torch.randn(2, 5, 3, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda h, w: token_logprobs_from_hidden(h, w, targets, chunk_size=4, temperature=0.8,
+                                                truncation=(3, 0.9))[1].sum(), (h, w))
+
+
+def test_bad_truncation_is_refused():
+    z, t = torch.zeros(1, 1, 4), torch.tensor([[1]])
+    with pytest.raises(ValueError, match="top_k must be an integer >= 0"):
+        token_logprobs(z, t, truncation=(-1, 1.0))
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\]"):
+        token_logprobs(z, t, truncation=(0, 0.0))
+    assert torch.equal(token_logprobs(z, t, truncation=(0, 1.0)), token_logprobs(z, t))  # nothing truncated
+
+
+def test_the_kl_term_takes_kl_logp():
+    logp, kl_logp = torch.tensor([[-0.9, -0.4]]), torch.tensor([[-1.2, -0.5]])
+    ref = torch.tensor([[-1.0, -0.7]])
+    adv, mask = torch.tensor([0.5]), torch.ones(1, 2)
+    spec = loss_spec(2, beta=0.04)
+    _, split = policy_loss(logp, logp, adv, mask, spec, ref_logp=ref, kl_logp=kl_logp)
+    _, whole = policy_loss(kl_logp, kl_logp, adv, mask, spec, ref_logp=ref)
+    assert split["kl"].item() == pytest.approx(whole["kl"].item(), abs=1e-7)
+    assert split["ratio/mean"].item() == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the update (`grpo.learn.learn`)
+
+EPISODES = {"p0": ["so 1", "so 22"], "p1": ["it is 3", "1"]}  # rewards 1, 0 and 0, 1
+
+
+@pytest.fixture
+def setup(random_model_dir):
+    exp = collect(collector(Scripted(EPISODES), [("last_number", last_number)]), stream(["p0", "p1"]), Dist())
+    model, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    return exp, model
+
+
+def _run(model, exp, truncation, *, reference=None, beta=0.0):
+    model = copy.deepcopy(model)
+    spec = loss_spec(8, beta=beta, aggregation="token_mean")
+    learner = Learner(LogprobModule(model), reference, torch.optim.SGD(model.parameters(), lr=0.1), spec, 1.0, 8,
+                      max_rows=3, max_tokens=0, max_grad_norm=0.0, truncation=truncation)
+    return learn(learner, exp, Dist()), torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _logits(model, exp):
+    lp = exp.prompt_ids.shape[1]
+    ids = torch.cat([exp.prompt_ids, exp.completion_ids[:, :-1]], dim=1)
+    attn = torch.cat([exp.prompt_mask, exp.completion_mask[:, :-1]], dim=1)
+    position = (attn.cumsum(1) - 1).clamp(min=0)
+    return model(input_ids=ids, attention_mask=attn, position_ids=position).logits[:, lp - 1:]
+
+
+def test_the_update_takes_its_ratio_to_the_truncated_policy(setup):
+    exp, model = setup
+    truncation = (5, 0.9)
+    _, w_kept = _run(model, exp, truncation)
+    _, w_full = _run(model, exp, None)
+    # the predicted update: SGD on −Σ Â·ℓ^K / N with ℓ^K from the full logits (on policy, r = 1: the clip's gradient)
+    manual = copy.deepcopy(model)
+    logp_k = token_logprobs(_logits(manual, exp), exp.completion_ids, truncation=truncation)[1]
+    m = exp.loss_mask.float()
+    (-(exp.advantages * logp_k * m).sum() / m.sum()).backward()
+    with torch.no_grad():
+        predicted = torch.cat([(p - 0.1 * p.grad).flatten() for p in manual.parameters()])
+    assert torch.allclose(w_kept, predicted, atol=1e-6)
+    assert (w_kept - w_full).abs().max() > 1e-4  # the truncation changes the update
+
+
+def test_the_kl_stays_full_vocabulary(setup):
+    exp, model = setup
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    reference = LogprobModule(other)
+    kept, w_kept = _run(model, exp, (5, 0.9), reference=reference, beta=0.04)
+    full, w_full = _run(model, exp, None, reference=reference, beta=0.04)
+    assert kept[0]["kl"] > 1e-4
+    assert kept[0]["kl"] == pytest.approx(full[0]["kl"], rel=1e-6)  # k3 of the full log-probs in both
+    assert (w_kept - w_full).abs().max() > 1e-4  # while the policy term's gradient differs
