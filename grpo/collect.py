@@ -208,17 +208,22 @@ def _route(c: Collector, rounds: list[Scored], chosen: list[tuple[int, int]], sh
 # ---------------------------------------------------------------------------------------------------------
 # advantages
 
-def _gdpo(c: Collector, s: Scored, dist: Dist) -> torch.Tensor:
+def _gdpo_rows(s: Scored) -> torch.Tensor:
+    """What GDPO needs of this process's rows beyond the totals, flat, for `_experience`'s one collective: the
+    per-function rewards (N, F), then 1 if a reward function returned process steps."""
+    names = list(s.per_fn)
+    mine = torch.stack([s.per_fn[k].to(torch.float64).cpu() for k in names], 1) if names else torch.zeros(len(s), 0)
+    return torch.cat([mine.reshape(-1), torch.tensor([float((s.step_ends >= 0).any())], dtype=torch.float64)])
+
+
+def _gdpo(c: Collector, s: Scored, gathered: torch.Tensor, dist: Dist) -> torch.Tensor:
     """GDPO's outcome advantages of this process's rows (`grpo.algo.gdpo_advantages`), from every process's
-    per-function rewards: the batch statistics are the step's, over every process."""
+    `_gdpo_rows` (`gathered`, one row a process): the batch statistics are the step's, over every process."""
     n, names = len(s), list(s.per_fn)
-    mine = torch.stack([s.per_fn[k].to(torch.float64).cpu() for k in names], 1) if names else torch.zeros(n, 0)
-    steps = torch.tensor([float((s.step_ends >= 0).any())], dtype=torch.float64)
-    both = dist.gather(torch.cat([mine.reshape(-1), steps]))
-    if both.view(dist.world_size, -1)[:, -1].any():
+    if gathered[:, -1].any():
         raise DataError("algo.multi_objective_aggregation=normalize_then_sum (GDPO) normalises outcome rewards, and a "
                         "reward function returned process steps; use sum_then_normalize with process rewards")
-    every = both.view(dist.world_size, -1)[:, :-1].reshape(-1, len(names))
+    every = gathered[:, :-1].reshape(-1, len(names))
     weights = list(c.weights) if c.weights is not None else [1.0] * len(names)
     return gdpo_advantages(every, weights, c.sampler.sampling.n, c.spec)[dist.rank * n:(dist.rank + 1) * n]
 
@@ -228,12 +233,16 @@ def _experience(c: Collector, s: Scored, dist: Dist, stats: dict | None = None) 
     when dynamic sampling found nothing to train on: every process alike)."""
     g, spec = c.sampler.sampling.n, c.spec
     n = len(s)
-    # every process's rewards, in one collective (batch std needs them all; logging too)
-    both = dist.gather(torch.cat([s.total, s.outcome])).view(dist.world_size, 2, n)
-    all_rewards, outcome = both[:, 0].reshape(-1), both[:, 1].reshape(-1)
+    gdpo = spec.multi_objective_aggregation == "normalize_then_sum"
+    # every process's rewards, in one collective (batch std needs them all; logging too), with GDPO's per-function
+    # rewards
+    extra = _gdpo_rows(s).to(s.total.device) if gdpo else s.total.new_zeros(0)
+    both = dist.gather(torch.cat([s.total.double(), s.outcome.double(), extra])).view(dist.world_size, -1)
+    all_rewards = both[:, :n].reshape(-1).to(s.total.dtype)
+    outcome = both[:, n:2 * n].reshape(-1).to(s.outcome.dtype)
     # outcome advantages from every process's rewards (0 where no outcome reward applies), then this process's
-    if spec.multi_objective_aggregation == "normalize_then_sum":
-        out = _gdpo(c, s, dist)
+    if gdpo:
+        out = _gdpo(c, s, both[:, 2 * n:].cpu(), dist)
     else:
         try:
             out = compute_advantages(outcome, g, spec)[dist.rank * n:(dist.rank + 1) * n]

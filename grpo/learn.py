@@ -74,9 +74,10 @@ def learn(learner: Learner, exp: Experience, dist: Dist) -> list[dict]:
     # update, for every mini-batch (the ratio of mini-batch m is to θ_vprox, m − 1 updates back)
     ref_logp = _logprobs_no_grad(learner, learner.reference, exp, whole)[0] if learner.reference is not None else None
     masking = spec.top_entropy_quantile < 1
-    old_logp, old_entropy = (_logprobs_no_grad(learner, learner.trainable, exp, whole, entropy=masking, ratio=True)
-                             if spec.num_iterations > 1 or steps > 1 or masking else (None, None))
-    if spec.num_iterations == 1 and steps == 1:  # one update: the ratio is to the training pass itself (logp.detach())
+    reused = spec.num_iterations > 1 or steps > 1  # else one update: the ratio is to the training pass itself
+    old_logp, old_entropy = (_logprobs_no_grad(learner, learner.trainable, exp, whole, entropy=masking, ratio=reused)
+                             if reused or masking else (None, None))
+    if not reused:  # (logp.detach())
         old_logp = None
     minis = [_mini_batch(learner, exp, rows, whole, ref_logp, old_logp, old_entropy, dist)
              for rows in mini_batch_rows(exp.group, steps)]
@@ -157,12 +158,12 @@ def _mb_logprobs(learner: Learner, module, exp: Experience, rows, pcols, ccols, 
                  ratio: bool = False):
     """A micro-batch's (log-probs, entropies or None, log-probs of the ratio or None): the last, with `ratio`
     and truncated sampling, renormalised over the sampler's kept set (SPEC 14.12); None when they are the first."""
-    truncation = learner.truncation if ratio else None
     out = module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
                  exp.completion_mask[rows, ccols], temperature=learner.temperature, chunk_size=learner.chunk_size,
-                 entropy=entropy, truncation=truncation)
+                 entropy=entropy, truncation=learner.truncation if ratio else None)
     out = out if isinstance(out, tuple) else (out,)
-    return out[0], out[1] if entropy else None, out[-1] if truncation is not None else None
+    # (logp, [H], [ℓ^K]): the last is there only when something was truncated
+    return out[0], out[1] if entropy else None, out[-1] if len(out) > 1 + entropy else None
 
 
 def _logprobs_no_grad(learner: Learner, module, exp: Experience, parts, entropy: bool = False, ratio: bool = False):

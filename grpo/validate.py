@@ -74,6 +74,19 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
         if corrections:
             out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
                        "so the sampler-trainer correction is exactly 1 and cannot act")
+    if r.top_p < 1 or r.top_k:  # Keep Sampling Mask (SPEC 14.12): exact only where the replayed K is the sampler's
+        what = " and ".join(x for x in (f"rollout.top_p={r.top_p:g}" if r.top_p < 1 else "",
+                                        f"rollout.top_k={r.top_k}" if r.top_k else "") if x)
+        why = []
+        if r.backend != "hf":
+            why.append(f"rollout.backend={r.backend} samples from the engine's own logits, and its kept set can "
+                       "differ from the one replayed on the trainer's at boundary tokens (mismatch/* measures it)")
+        if a.num_iterations > 1 or cfg.train.steps_per_generation > 1:
+            why.append("with algo.num_iterations > 1 or train.steps_per_generation > 1 the updates after a batch's "
+                       "first replay the kept set at their own weights, not the sampler's")
+        if why:
+            out.append(f"{what}: the loss's ratio is to the policy renormalised over the kept set of each position, "
+                       f"replayed on the trainer's logits (SPEC 14.12), which is approximate here: {'; '.join(why)}")
     return out
 
 

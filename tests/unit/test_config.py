@@ -194,6 +194,10 @@ def test_no_arguments_is_the_shipped_default_job():
     (["algo.clip_low=0.1", "algo.clip_high=0.3"], "algo.clip_high and algo.clip_low set: "),
     (["algo.dual_clip=3"], "algo.dual_clip=3: with algo.num_iterations=1"),
     (["algo.sampler_correction=token_mis"], "algo.sampler_correction set: the in-process sampler's log-probs"),
+    (["rollout.top_p=0.9", "algo.num_iterations=2"], "rollout.top_p=0.9: the loss's ratio is to the policy "
+                                                     "renormalised over the kept set"),
+    (["rollout.top_k=5", "train.steps_per_generation=2"], "replay the kept set at their own weights"),
+    (["rollout.top_k=5", "rollout.backend=vllm"], "samples from the engine's own logits"),
 ])
 def test_known_traps_warn_once_at_load(overrides, warning):
     with pytest.warns(UserWarning) as caught:

@@ -58,8 +58,8 @@ def test_spec_example_values_and_gradients(path):
 
 
 def test_the_sampler_correction_is_one_for_the_truncated_policy_and_s_for_the_full_one():
-    """The sampler's processed log-prob is ℓ^K (vLLM normalises over K): against the trainer's ℓ^K the weight
-    is 1, against the full ℓ it is S, whichever token was drawn (SPEC 14.12)."""
+    """SPEC 14.12's numbers: the sampler's processed log-prob is ℓ^K (vLLM normalises over K), so the weight
+    against the trainer's ℓ^K is 1 and against its full ℓ it is S, whichever token was drawn."""
     _, (full, kept) = _spec_example("plain")
     full, kept = full.detach().float(), kept.detach().float()
     mask = torch.ones(1, 1)
@@ -149,9 +149,9 @@ def setup(random_model_dir):
     return exp, model
 
 
-def _run(model, exp, truncation, *, reference=None, beta=0.0):
+def _run(model, exp, truncation, *, reference=None, beta=0.0, mu=1, **algo):
     model = copy.deepcopy(model)
-    spec = loss_spec(8, beta=beta, aggregation="token_mean")
+    spec = loss_spec(8, beta=beta, aggregation="token_mean", num_iterations=mu, **algo)
     learner = Learner(LogprobModule(model), reference, torch.optim.SGD(model.parameters(), lr=0.1), spec, 1.0, 8,
                       max_rows=3, max_tokens=0, max_grad_norm=0.0, truncation=truncation)
     return learn(learner, exp, Dist()), torch.cat([p.detach().flatten() for p in model.parameters()])
@@ -165,19 +165,29 @@ def _logits(model, exp):
     return model(input_ids=ids, attention_mask=attn, position_ids=position).logits[:, lp - 1:]
 
 
+def _predicted(model, exp, truncation, reference=None, beta=0.0):
+    """The weights after SGD (lr 0.1) on −Σ Â·ℓ^K / N + β·Σ k3(ℓ, ℓ_ref) / N, from the full logits: on policy (r = 1)
+    the clip's gradient, the KL of the full-vocabulary log-probs."""
+    manual = copy.deepcopy(model)
+    full, kept = token_logprobs(_logits(manual, exp), exp.completion_ids, truncation=truncation)
+    m = exp.loss_mask.float()
+    loss = -(exp.advantages * kept * m).sum() / m.sum()
+    if beta:
+        with torch.no_grad():
+            ref = token_logprobs(_logits(reference, exp), exp.completion_ids)
+        x = ref - full
+        loss = loss + beta * ((torch.expm1(x) - x) * m).sum() / m.sum()
+    loss.backward()
+    with torch.no_grad():
+        return torch.cat([(p - 0.1 * p.grad).flatten() for p in manual.parameters()])
+
+
 def test_the_update_takes_its_ratio_to_the_truncated_policy(setup):
     exp, model = setup
     truncation = (5, 0.9)
     _, w_kept = _run(model, exp, truncation)
     _, w_full = _run(model, exp, None)
-    # the predicted update: SGD on −Σ Â·ℓ^K / N with ℓ^K from the full logits (on policy, r = 1: the clip's gradient)
-    manual = copy.deepcopy(model)
-    logp_k = token_logprobs(_logits(manual, exp), exp.completion_ids, truncation=truncation)[1]
-    m = exp.loss_mask.float()
-    (-(exp.advantages * logp_k * m).sum() / m.sum()).backward()
-    with torch.no_grad():
-        predicted = torch.cat([(p - 0.1 * p.grad).flatten() for p in manual.parameters()])
-    assert torch.allclose(w_kept, predicted, atol=1e-6)
+    assert torch.allclose(w_kept, _predicted(model, exp, truncation), atol=1e-6)
     assert (w_kept - w_full).abs().max() > 1e-4  # the truncation changes the update
 
 
@@ -187,9 +197,33 @@ def test_the_kl_stays_full_vocabulary(setup):
     with torch.no_grad():
         for p in other.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    reference = LogprobModule(other)
-    kept, w_kept = _run(model, exp, (5, 0.9), reference=reference, beta=0.04)
-    full, w_full = _run(model, exp, None, reference=reference, beta=0.04)
+    kept, w_kept = _run(model, exp, (5, 0.9), reference=LogprobModule(other), beta=0.04)
+    full, _ = _run(model, exp, None, reference=LogprobModule(other), beta=0.04)
     assert kept[0]["kl"] > 1e-4
     assert kept[0]["kl"] == pytest.approx(full[0]["kl"], rel=1e-6)  # k3 of the full log-probs in both
-    assert (w_kept - w_full).abs().max() > 1e-4  # while the policy term's gradient differs
+    # and its gradient: the update is the predicted one, the KL's part from the full-vocabulary log-probs
+    assert torch.allclose(w_kept, _predicted(model, exp, (5, 0.9), other, beta=0.04), atol=1e-6)
+
+
+def test_reused_batches_take_the_old_log_probs_of_the_truncated_policy(setup):
+    """With μ = 2 the old log-probs come from a pass of their own: ℓ^K at θ_old, so the first update's ratio is
+    exactly 1 (it would be 1/S > 1 against full-vocabulary old log-probs) and its update is μ = 1's."""
+    exp, model = setup
+    (first, second), _ = _run(model, exp, (5, 0.9), mu=2)
+    # the update's figures are sums over its tokens (mean × tokens), for `grpo.metrics` to reduce
+    assert first["ratio/mean"] / first["tokens"] == pytest.approx(1.0, abs=1e-6) and first["clip/frac"] == 0
+    assert second["ratio/mean"] / second["tokens"] != pytest.approx(1.0, abs=1e-4)  # the second is off-policy
+
+
+def test_the_sampler_correction_compares_the_truncated_policies(setup):
+    """An engine's processed log-probs are normalised over its kept set: against the trainer's ℓ^K the correction
+    sees no mismatch, against the full ℓ it would see log S at every token."""
+    exp, model = setup
+    truncation = (5, 0.9)
+    with torch.no_grad():
+        full, kept = token_logprobs(_logits(model, exp), exp.completion_ids, truncation=truncation)
+    exp.sampler_logp = torch.where(exp.completion_mask.bool(), kept, torch.zeros_like(kept))  # the engine's ℓ^K
+    (stats,), _ = _run(model, exp, truncation, sampler_correction="token_tis", sampler_correction_cap=2.0)
+    assert stats["mismatch/abs_diff"] < 1e-5 * stats["tokens"]
+    (untruncated,), _ = _run(model, exp, None, sampler_correction="token_tis", sampler_correction_cap=2.0)
+    assert untruncated["mismatch/abs_diff"] > 1e-2 * untruncated["tokens"]  # |log S| summed over the tokens
