@@ -40,7 +40,16 @@ VARIANTS = {
     "gspo": ["algo.preset=gspo"],
     "cispo": ["algo.preset=cispo"],
     "sapo": ["algo.preset=sapo"],
+    # the 2026 menu (SPEC 14), each the default job (grpo with dynamic sampling) with one change
+    "dppo+ds": ["algo.preset=dppo", "algo.dynamic_sampling=true"],
+    "maxrl": ["algo.preset=grpo", "algo.dynamic_sampling=true", "algo.scale=maxrl"],
+    "gdpo": ["algo.preset=grpo", "algo.dynamic_sampling=true", "algo.multi_objective_aggregation=normalize_then_sum"],
+    "luspo": ["algo.preset=grpo", "algo.dynamic_sampling=true", "algo.aggregation=luspo"],
+    "entropy": ["algo.preset=grpo", "algo.dynamic_sampling=true", "algo.entropy_coef=0.005"],
+    "spg2": ["algo.preset=grpo", "algo.dynamic_sampling=true", "train.steps_per_generation=2"],
 }
+# the variants `--menu` runs: the 2026 menu against the default job, side by side on one machine
+MENU = ["grpo+ds", "dppo+ds", "maxrl", "gdpo", "luspo", "entropy", "spg2"]
 
 
 def variant_overrides(variant: str) -> list[str]:
@@ -146,7 +155,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--job", default="tiny", help="the shipped job to run (default: tiny, the default job)")
     p.add_argument("--task", default=None, help="data.task of the runs (default: the job's own; mixed for tiny)")
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=None, choices=list(VARIANTS),
+                   help="the variants to run (default: every one; with --menu, the 2026 menu's)")
+    p.add_argument("--menu", action="store_true",
+                   help="the 2026 menu (SPEC 14): " + ", ".join(MENU) + "; each differs from the default job "
+                        "(grpo+ds) by one option")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=None, help="train.steps (default: the job's own; 100 for tiny)")
     p.add_argument("--name", default="presets", help="results file name under benchmarks/results/")
@@ -157,6 +170,7 @@ def main() -> None:
                         "old run) instead of starting it afresh")
     p.add_argument("--redraw", action="store_true", help="only rewrite <name>.md and <name>.png from <name>.json")
     args = p.parse_args()
+    args.variants = args.variants or (MENU if args.menu else list(VARIANTS))
     if args.redraw:
         saved = json.loads((HERE / "results" / f"{args.name}.json").read_text())
         (HERE / "results" / f"{args.name}.md").write_text(table(saved["runs"], saved["task"], saved["steps"],
@@ -175,8 +189,10 @@ def main() -> None:
             raise SystemExit(f"{args.name}.json holds job {saved.get('job', 'tiny')}, task {saved['task']}, "
                              f"{saved['steps']} steps, not {args.job}, {task}, {steps}: not merged")
     results = []
-    for variant in args.variants:
-        for seed in args.seeds:
+    # seed by seed, every variant in turn: a machine whose speed drifts during the hours of a run (seen here: the
+    # same job 85 s a run, then 125 s) slows every variant alike rather than the last ones
+    for seed in args.seeds:
+        for variant in args.variants:
             r = run(variant, seed, args.job, args.task, Path(args.runs) / f"{args.job}-{task}" / f"{variant}-s{seed}",
                     extra)
             results.append(r)
