@@ -61,11 +61,28 @@ def sampling_keep_mask(z: torch.Tensor, targets: torch.Tensor | None = None, top
     if 0 < top_k < v:
         keep = z >= torch.topk(z, top_k, dim=-1).values[:, -1:]
     if top_p < 1.0:
-        ordered, order = torch.sort(z.masked_fill(~keep, float("-inf")), dim=-1, descending=True)
-        probs = torch.softmax(ordered, dim=-1)
-        drop = probs.cumsum(dim=-1) - probs >= top_p
-        keep &= ~drop.scatter(-1, order, drop)
+        keep &= _nucleus(torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1), top_p)
     return keep if targets is None else keep.scatter_(-1, targets.unsqueeze(-1), True)
+
+
+# the most likely tokens a row's nucleus is first looked for among; a row whose nucleus is larger is sorted whole
+_NUCLEUS_FIRST = 64
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """(N, V) probabilities → (N, V) bool: the tokens whose more likely predecessors hold < `top_p` of the mass.
+    The nucleus is usually small, so it is found among each row's few most likely tokens (a top-k, far cheaper than
+    sorting a vocabulary), and only rows whose nucleus goes beyond them are sorted."""
+    first = min(_NUCLEUS_FIRST, probs.shape[-1])
+    values, order = torch.topk(probs, first, dim=-1)  # descending
+    before = values.cumsum(dim=-1) - values
+    kept = torch.zeros(probs.shape, dtype=torch.bool, device=probs.device).scatter_(-1, order, before < top_p)
+    beyond = (before[:, -1] + values[:, -1] < top_p).nonzero().squeeze(1)  # rows with mass < top_p in `first`
+    if beyond.numel():
+        values, order = torch.sort(probs[beyond], dim=-1, descending=True)
+        before = values.cumsum(dim=-1) - values
+        kept[beyond] = torch.zeros_like(order, dtype=torch.bool).scatter_(-1, order, before < top_p)
+    return kept
 
 
 def _check_truncation(truncation) -> tuple[int, float] | None:

@@ -227,3 +227,33 @@ def test_the_sampler_correction_compares_the_truncated_policies(setup):
     assert stats["mismatch/abs_diff"] < 1e-5 * stats["tokens"]
     (untruncated,), _ = _run(model, exp, None, sampler_correction="token_tis", sampler_correction_cap=2.0)
     assert untruncated["mismatch/abs_diff"] > 1e-2 * untruncated["tokens"]  # |log S| summed over the tokens
+
+
+def _sorted_nucleus(z, top_k, top_p):
+    """SPEC 14.12's K by a sort of the whole vocabulary, the reference for the top-k-first search, and each token's
+    probability mass before it."""
+    keep = torch.ones(z.shape, dtype=torch.bool)
+    if 0 < top_k < z.shape[-1]:
+        keep = z >= torch.topk(z, top_k, dim=-1).values[:, -1:]
+    ordered, order = torch.sort(z.masked_fill(~keep, float("-inf")), dim=-1, descending=True)
+    probs = torch.softmax(ordered, dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    return keep & (before < top_p).scatter(-1, order, before < top_p), before.scatter(-1, order, before)
+
+
+@pytest.mark.parametrize("first", [1, 4, 64])
+def test_the_nucleus_search_equals_a_full_sort(monkeypatch, first):
+    """The nucleus is looked for among each row's `first` most likely tokens and rows that need more are sorted
+    whole; with few candidates most rows take the second path, with 64 most take the first. The two sum the
+    probabilities in another order, so a token whose preceding mass is within rounding of top_p may go either way."""
+    import grpo.algo.logprobs as logprobs
+    monkeypatch.setattr(logprobs, "_NUCLEUS_FIRST", first)
+    torch.manual_seed(0)
+    for scale in (0.3, 3.0, 10.0):
+        z = torch.randn(200, 300) * scale
+        for top_k in (0, 5, 100):
+            for top_p in (0.1, 0.5, 0.9, 0.99):
+                expected, before = _sorted_nucleus(z, top_k, top_p)
+                differ = sampling_keep_mask(z, top_k=top_k, top_p=top_p) != expected
+                assert all(abs(b - top_p) < 1e-6 for b in before[differ].tolist())
+                assert differ.sum() <= 2
