@@ -176,23 +176,24 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: torch.Tensor | None = None,
-                   truncation: tuple[int, float] | None = None, outk: torch.Tensor | None = None):
+                   truncation: tuple[int, float] | None = None, outk: torch.Tensor | None = None,
+                   lse_k: torch.Tensor | None = None):
     """This chunk's log-probs and log-sum-exp; with `ent` (a slice of the output), its entropies written there:
-    H = lse − Σ p·z, the form TRL and verl use. With `truncation`, ℓ^K written into `outk`, and the log-sum-exp
-    over K returned too (else None)."""
+    H = lse − Σ p·z, the form TRL and verl use. With `truncation`, ℓ^K written into `outk` and the log-sum-exp
+    over K into `lse_k`."""
     z = z.to(_acc(z.dtype)) / temperature  # (c, V) in float32, one chunk only
     lse = torch.logsumexp(z, dim=-1)
     if ent is not None:
         ent.copy_(lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1))
     picked = z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
-    lse_k = None
     if truncation is not None:
-        lse_k = torch.logsumexp(z.masked_fill_(~_keep(z, tgt, truncation), float("-inf")), dim=-1)
+        lse_k.copy_(torch.logsumexp(z.masked_fill_(~_keep(z, tgt, truncation), float("-inf")), dim=-1))
         outk.copy_(picked - lse_k)
-    return picked - lse, lse, lse_k
+    return picked - lse, lse
 
 
-# rows of a chunk whose kept set is found at once: the sort behind top-p holds (rows, V) values and int64 indices
+# rows of a chunk whose kept set is found at once: top-p holds (rows, V) probabilities, and a row whose nucleus goes
+# beyond its most likely tokens sorts its vocabulary with int64 indices
 _KEEP_ROWS = 256
 
 
@@ -202,7 +203,8 @@ def _keep(z: torch.Tensor, tgt: torch.Tensor, truncation: tuple[int, float]) -> 
                       for s in range(0, z.shape[0], _KEEP_ROWS)]) if z.shape[0] else z.new_zeros(z.shape, dtype=bool)
 
 
-def _entropies(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> torch.Tensor:
+def _buffer(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> torch.Tensor:
+    """An (n,) output of the kernels (entropies, ℓ^K, the log-sum-exp over K), or an empty one when not wanted."""
     return like.new_empty(n if wanted else 0, dtype=dtype)
 
 
@@ -238,14 +240,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
         n = logits.shape[0]
         acc = _acc(logits.dtype)
         out, lse = logits.new_empty(n, dtype=acc), logits.new_empty(n, dtype=acc)
-        ent = _entropies(n, logits, acc, entropy)
-        outk, lse_k = (_entropies(n, logits, acc, truncation is not None) for _ in range(2))
+        ent = _buffer(n, logits, acc, entropy)
+        outk, lse_k = (_buffer(n, logits, acc, truncation is not None) for _ in range(2))
         for s in range(0, n, chunk_size):
             e = s + chunk_size
-            out[s:e], lse[s:e], k = _chunk_forward(logits[s:e], targets[s:e], temperature,
-                                                   ent[s:e] if entropy else None, truncation, outk[s:e])
-            if k is not None:
-                lse_k[s:e] = k
+            out[s:e], lse[s:e] = _chunk_forward(logits[s:e], targets[s:e], temperature, ent[s:e] if entropy else None,
+                                                truncation, outk[s:e], lse_k[s:e])
         ctx.save_for_backward(logits, targets, lse, ent, lse_k)
         ctx.temperature, ctx.chunk_size, ctx.truncation = temperature, chunk_size, truncation
         ctx.set_materialize_grads(False)  # an output the loss does not use has no gradient (None), not zeros
@@ -272,17 +272,15 @@ class _HiddenLogprobs(torch.autograd.Function):
         dtype = matmul_dtype or torch.promote_types(hidden.dtype, weight.dtype)
         acc = _acc(dtype)
         out, lse = hidden.new_empty(n, dtype=acc), hidden.new_empty(n, dtype=acc)
-        ent = _entropies(n, hidden, acc, entropy)
-        outk, lse_k = (_entropies(n, hidden, acc, truncation is not None) for _ in range(2))
+        ent = _buffer(n, hidden, acc, entropy)
+        outk, lse_k = (_buffer(n, hidden, acc, truncation is not None) for _ in range(2))
         with torch.autocast(hidden.device.type, enabled=False):
             w = weight.to(dtype)
             for s in range(0, n, chunk_size):
                 e = s + chunk_size
                 z = hidden[s:e].to(dtype) @ w.T
-                out[s:e], lse[s:e], k = _chunk_forward(z, targets[s:e], temperature, ent[s:e] if entropy else None,
-                                                       truncation, outk[s:e])
-                if k is not None:
-                    lse_k[s:e] = k
+                out[s:e], lse[s:e] = _chunk_forward(z, targets[s:e], temperature, ent[s:e] if entropy else None,
+                                                    truncation, outk[s:e], lse_k[s:e])
         ctx.save_for_backward(hidden, weight, targets, lse, ent, lse_k)
         ctx.temperature, ctx.chunk_size, ctx.dtype, ctx.truncation = temperature, chunk_size, dtype, truncation
         ctx.set_materialize_grads(False)  # an output the loss does not use has no gradient (None), not zeros

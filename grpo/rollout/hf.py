@@ -34,8 +34,8 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor 
     if sampling.temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / sampling.temperature
-    if 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1.0:  # the set the trainer replays (SPEC 14.12)
-        keep = sampling_keep_mask(logits, top_k=sampling.top_k, top_p=sampling.top_p)
+    if sampling.truncation is not None:  # the set the trainer replays (SPEC 14.12)
+        keep = sampling_keep_mask(logits, None, *sampling.truncation)
         logits = logits.masked_fill(~keep, float("-inf"))
     cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
     target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)  # scaled by the total: no rounding past the end

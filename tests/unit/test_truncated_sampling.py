@@ -8,17 +8,13 @@ import pytest
 import torch
 
 from grpo.algo import policy_loss, sampler_weights, sampling_keep_mask, token_logprobs, token_logprobs_from_hidden
-from grpo.collect import collect
-from grpo.config import ModelConfig
 from grpo.distributed import Dist
 from grpo.learn import Learner, learn
-from grpo.models import load_model
 from grpo.policy import LogprobModule
-from grpo.rewards import last_number
 from grpo.rollout import Sampling, sample_next
 
 from algo_specs import loss_spec
-from test_collect import Scripted, collector, stream
+from test_learn_surrogates import setup  # noqa: F401 (a fixture: the scripted batch and a random model)
 
 LOGITS = [2.0, 1.5, 0.5, -1.0]  # SPEC 14.12: π = (0.532071, 0.322717, 0.118721, 0.026490)
 L_FULL, L_KEPT, S = -1.130978, -0.974077, 0.854789
@@ -138,16 +134,6 @@ def test_the_kl_term_takes_kl_logp():
 
 # ---------------------------------------------------------------------------------------------------------
 # the update (`grpo.learn.learn`)
-
-EPISODES = {"p0": ["so 1", "so 22"], "p1": ["it is 3", "1"]}  # rewards 1, 0 and 0, 1
-
-
-@pytest.fixture
-def setup(random_model_dir):
-    exp = collect(collector(Scripted(EPISODES), [("last_number", last_number)]), stream(["p0", "p1"]), Dist())
-    model, _ = load_model(ModelConfig(path=str(random_model_dir)))
-    return exp, model
-
 
 def _run(model, exp, truncation, *, reference=None, beta=0.0, mu=1, **algo):
     model = copy.deepcopy(model)
