@@ -36,6 +36,13 @@ from grpo.rundir import replace_dir, sha256_file
 MARKER = "COMPLETE"
 FILES = ("model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", "config.yaml")
 REFERENCE = "reference.safetensors"  # with algo.ref_sync_every on a full model: the reference as it is now
+# with rollout.max_staleness = k: the engine-format weights of the versions that sample the k batches in flight
+# (`lagged_name(v)`), so that a resume samples them again exactly as the uninterrupted run did
+LAGGED = "lagged-v{:08d}.safetensors"
+
+
+def lagged_name(version: int) -> str:
+    return LAGGED.format(version)
 
 
 def checkpoint_root(run_dir: Path) -> Path:
@@ -74,10 +81,12 @@ def _tuples(x):
 
 def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rng: dict, state: dict,
                     config_yaml: str, keep_last: int, is_main: bool = True,
-                    reference: dict[str, torch.Tensor] | None = None) -> Path:
+                    reference: dict[str, torch.Tensor] | None = None,
+                    lagged: dict[int, dict[str, torch.Tensor]] | None = None) -> Path:
     """Write the checkpoint of `step` atomically and keep only the newest `keep_last` complete ones. Every
     process calls it (gathering sharded state is collective); only the main process writes. `reference`: the
-    weights of a reference that resets have moved, stored beside the model's."""
+    weights of a reference that resets have moved, stored beside the model's. `lagged`: weights by version that
+    asynchronous sampling still needs (`LAGGED`)."""
     weights = full_model_state(model)
     optim = get_optimizer_state_dict(model, optimizer, options=FULL)
     root = checkpoint_root(run_dir)
@@ -85,7 +94,7 @@ def save_checkpoint(run_dir: Path, step: int, *, model, optimizer, scheduler, rn
     if not is_main:
         return final
     try:
-        _write(final, step, weights, optim, scheduler, rng, state, config_yaml, reference)
+        _write(final, step, weights, optim, scheduler, rng, state, config_yaml, reference, lagged or {})
     except OSError as e:  # a full disk, a quota: nothing half-written stays, and the message says where to resume
         raise WriteError(f"could not write the checkpoint of step {step} into {root}: {os_reason(e)}; "
                          f"{resume_hint(run_dir, e)}") from None
@@ -102,7 +111,8 @@ def resume_hint(run_dir: Path, error: BaseException | None = None) -> str:
     return f"no checkpoint was complete yet: {fix} and run again with train.resume=auto, which starts the run over"
 
 
-def _write(final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml, reference=None) -> None:
+def _write(final: Path, step: int, weights, optim, scheduler, rng, state, config_yaml, reference=None,
+           lagged: dict | None = None) -> None:
     """The checkpoint's files, each synced, the marker last, written beside `final` and renamed into it
     (`grpo.rundir.replace_dir`: a checkpoint of the same step, from a resumed run saving where it started, is
     replaced only once the new one is complete; a failed write leaves nothing behind)."""
@@ -112,12 +122,15 @@ def _write(final: Path, step: int, weights, optim, scheduler, rng, state, config
         _save_tensors(weights, tmp / "model.safetensors")
         if reference is not None:
             _save_tensors({k: v.detach().contiguous() for k, v in reference.items()}, tmp / REFERENCE)
+        lagged = lagged or {}
+        for version, tensors in sorted(lagged.items()):
+            _save_tensors({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, tmp / lagged_name(version))
         _torch_save(optim, tmp / "optimizer.pt")
         _torch_save({"rng": rng, "scheduler": scheduler.state_dict()}, tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=1))
         (tmp / "config.yaml").write_text(config_yaml)
         files = {}
-        for name in FILES + ((REFERENCE,) if reference is not None else ()):
+        for name in FILES + ((REFERENCE,) if reference is not None else ()) + tuple(map(lagged_name, sorted(lagged))):
             _fsync(tmp / name)
             files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
         (tmp / MARKER).write_text(json.dumps({"step": step, "files": files}, indent=1))
@@ -224,6 +237,15 @@ def find_checkpoint(spec: str, run_dir: Path) -> Path | None:
     if spec != "auto":
         raise ConfigError(f"train.resume={spec!r}: no complete checkpoint in {checkpoint_root(run_dir)}")
     return None
+
+
+def load_lagged(ckpt: Path, versions: list[int]) -> dict[int, dict[str, torch.Tensor]]:
+    """The lagged weights of `versions` that checkpoint `ckpt` holds (`save_checkpoint(lagged=...)`)."""
+    missing = [v for v in versions if not (ckpt / lagged_name(v)).is_file()]
+    if missing:
+        raise ConfigError(f"checkpoint {ckpt} has no {lagged_name(missing[0])}: it was not written by a run with "
+                          "this rollout.max_staleness")
+    return {v: load_file(str(ckpt / lagged_name(v))) for v in versions}
 
 
 def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, reference: dict | None = None) -> dict:

@@ -163,6 +163,20 @@ class RolloutConfig:
                                           "runs multi-turn episodes in which the model calls tools (the tools.* "
                                           "section; needs model.chat_template). max_new_tokens then limits each "
                                           "model turn.", names="environments")
+    max_staleness: int = opt(0, "k of asynchronous rollouts (SPEC 14.1, 14.13; docs/async.md): 0 samples each "
+                                "step's batch with the weights of the step before (synchronous). k >= 1 samples "
+                                "ahead of the trainer on the engine's own thread or server: the batch trained at "
+                                "step t comes from the weights of step t-1-k (batch s <= k+1 from the initial "
+                                "weights) while steps t-k..t-1 train, and is corrected by decoupled PPO (the ratio "
+                                "to the trainer's recompute, the sampler weight against the engine's log-probs). "
+                                "Needs an engine of its own (rollout.backend vllm or vllm_server). Counted in "
+                                "steps: with train.steps_per_generation = U the lag in optimiser updates is k*U.",
+                          ge=0)
+    staleness_mode: Literal["fixed", "freshest"] = opt(
+        "fixed", "With max_staleness >= 1: 'fixed' samples batch t with exactly the weights of step t-1-k, so a "
+                 "run is a function of its seed and k (a resumed or a two-process run equals it figure for "
+                 "figure); 'freshest' samples it with the newest weights within the bound when the engine starts "
+                 "it (less waiting, but the versions depend on timing: not reproducible).")
     lean_decoding: bool = opt(True, "Run the prefill and decoding steps of Llama, Qwen2 and Mistral models (full "
                                     "attention, no FSDP; LoRA from merged weights) with grpo's own loop over the "
                                     "model's weights: the same logits as transformers' forward with less "
@@ -240,6 +254,13 @@ class AlgoConfig:
     max_sampling_rounds: int = opt(4, "With dynamic_sampling: rounds of train.prompts_per_step prompts at most per "
                                       "step; then the step trains on the informative groups it has "
                                       "(sampling/groups_trained).", ge=1)
+    proximal: Literal["recompute", "behaviour"] = opt(
+        "recompute", "π_prox, the policy the ratio is clipped around when the sampler reports log-probs of its "
+                     "own (SPEC 14.1): 'recompute' is the trainer's log-probs at the weights before the batch's "
+                     "first update, weighted against the engine's by sampler_correction (decoupled PPO, exact "
+                     "for stale batches of rollout.max_staleness); 'behaviour' clips around the engine's "
+                     "log-probs with no sampler weight (the coupled form of TRL's async trainer and prime-rl; "
+                     "for comparison).")
     sampler_correction: Literal["token_tis", "token_mis", "seq_tis", "seq_mis", "none"] = opt(
         "token_tis", "Sampler–trainer mismatch correction, applied when the rollout engine reports log-probs of "
                      "its own (rollout.backend=vllm; with hf the weight is exactly 1): the policy term of each "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,6 +27,9 @@ class Dist:
     world_size: int = 1
     local_rank: int = 0
     backend: str = ""
+    # the process group its collectives run in: None is torchrun's (the default group); `own_group` makes another
+    # over the same processes, for a thread whose collectives must not interleave with the trainer's
+    group: object = None
 
     @property
     def is_main(self) -> bool:
@@ -42,7 +45,7 @@ class Dist:
             return x
         import torch.distributed as td
         t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        td.all_reduce(t)
+        td.all_reduce(t, group=self.group)
         return t.item()
 
     def max(self, x: float) -> float:
@@ -51,7 +54,7 @@ class Dist:
             return x
         import torch.distributed as td
         t = torch.tensor([x], dtype=torch.float64, device=self.device)
-        td.all_reduce(t, op=td.ReduceOp.MAX)
+        td.all_reduce(t, op=td.ReduceOp.MAX, group=self.group)
         return t.item()
 
     def any(self, flag: bool) -> bool:
@@ -65,7 +68,7 @@ class Dist:
         import torch.distributed as td
         src = x.detach().to(self.device).contiguous()
         parts = [torch.empty_like(src) for _ in range(self.world_size)]
-        td.all_gather(parts, src)
+        td.all_gather(parts, src, group=self.group)
         return torch.cat(parts).to(x.device)
 
     def gather_objects(self, obj) -> list:
@@ -74,7 +77,7 @@ class Dist:
             return [obj]
         import torch.distributed as td
         out = [None] * self.world_size
-        td.all_gather_object(out, obj)
+        td.all_gather_object(out, obj, group=self.group)
         return out
 
     def exchange(self, parts: list) -> list:
@@ -88,14 +91,23 @@ class Dist:
         out = []
         for src in range(self.world_size):  # each process in turn scatters its parts
             got = [None]
-            td.scatter_object_list(got, list(parts) if self.rank == src else None, src=src)
+            td.scatter_object_list(got, list(parts) if self.rank == src else None, src=src, group=self.group)
             out.append(got[0])
         return out
 
     def barrier(self) -> None:
         if self.world_size > 1:
             import torch.distributed as td
-            td.barrier()
+            td.barrier(group=self.group)
+
+    def own_group(self) -> Dist:
+        """This Dist over a process group of its own (gloo, the same processes; every process calls it, as a
+        collective): collectives in it may run on another thread at the same time as the trainer's in the default
+        group, each group's in the same order on every process. With one process, itself."""
+        if self.world_size == 1:
+            return self
+        import torch.distributed as td
+        return replace(self, group=td.new_group(backend="gloo"), backend="gloo")
 
 
 @contextlib.contextmanager

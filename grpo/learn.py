@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from grpo.algo import (LossSpec, applied_entropy_coef, entropy_bonus, entropy_figures, entropy_threshold,
-                       loss_normalizer, next_entropy_coef, policy_loss, sampler_weights, top_entropy_mask)
+                       loss_normalizer, next_entropy_coef, policy_loss, proximal_terms, top_entropy_mask)
 from grpo.algo.entropy import QUARTERS, position_quarters, quarter_counts, quarter_index
 from grpo.distributed import Dist, no_sync
 from grpo.experience import Experience
@@ -205,10 +205,9 @@ def _update(learner: Learner, dist: Dist, exp: Experience, parts, quarters, norm
             mask = exp.loss_mask[rows, ccols]
             figures = entropy_figures(entropy.detach(), mask, index)  # the current policy's, as logged
             counts = [c + k for c, k in zip(counts, n)]
-            mismatch, correction, sampler = None, None, None
-            if exp.sampler_logp is not None:  # π_old / π_smp: the trainer's log-probs against the sampler's
-                sampler = exp.sampler_logp[rows, ccols]
-                correction, mismatch = sampler_weights(old, sampler, mask, spec)
+            # π_prox and the sampler weight (SPEC 14.1): the trainer's log-probs against the sampler's, if it has any
+            sampler = exp.sampler_logp[rows, ccols] if exp.sampler_logp is not None else None
+            old, correction, mismatch = proximal_terms(old, sampler, mask, spec)
             loss, stats = policy_loss(logp, old, exp.advantages[rows, ccols], mask, spec, ref_logp=ref,
                                       normalizer=normalizer, is_weight=correction,
                                       keep=keep[rows, ccols] if keep is not None else None,  # the top-entropy mask

@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 import yaml
 
+from grpo.ahead import Lane, lagged_versions
 from grpo.algo import AdvantageSpec, LossSpec
 from grpo.budgets import max_episode_tokens, prompt_limit
-from grpo.checkpoint import find_checkpoint, load_checkpoint, resume_hint, rng_states, save_checkpoint
+from grpo.checkpoint import find_checkpoint, load_checkpoint, load_lagged, resume_hint, rng_states, save_checkpoint
 from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, config_changes, may_change, to_yaml
 from grpo.data import PromptStream, fit_prompts
@@ -46,7 +47,7 @@ from grpo.policy.weights import full_model_state
 from grpo.rewards import RewardFn, build_rewards, recorded_name, resolve_reward, reward_name
 from grpo.rundir import RunLock, claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
-from grpo.rollout import build_generator, rollout_sampling
+from grpo.rollout import build_generator, rollout_sampling, snapshot_weights
 from grpo.sampling import Sampler
 from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
@@ -181,50 +182,14 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
         logger.log(0, {**result.initial_eval, **seconds})
         _raise_on_every_process(dist, _log_failure(logger, out))
 
-    with GracefulStop() as stop:
-        for step in range(state.step + 1, cfg.train.steps + 1):
-            start = time.perf_counter()
-            # 1-4. prompts → episodes → rewards → advantages
-            exp = collect(run.collector, run.stream, dist)
-            rollout_seconds = time.perf_counter() - start
-            # 5-7. normaliser, reference and old log-probs, μ updates; none when dynamic sampling found no group
-            # to train on (every process alike)
-            updates = learn(run.learner, exp, dist) if len(exp) else []
-            if not updates:
-                st = exp.stats
-                found = st["sampling/prompts_drawn"] - st["sampling/groups_dropped"]
-                logger.write(f"step {step}: dynamic sampling found {found} informative groups in "
-                             f"{st['sampling/rounds']} rounds, too few for {dist.world_size} process(es): no update")
-            with warnings.catch_warnings():  # a step without an update moves the LR schedule on all the same
-                warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
-                run.scheduler.step()
-            reset = run.reference_sync(step)  # algo.ref_sync_every: the reference takes the policy's weights
-            # 8. the generator samples from the new weights from now on
-            synced = time.perf_counter()
-            run.generator.sync_weights(run.policy)
-            # 9. log, evaluate, checkpoint
-            done = time.perf_counter()
-            metrics = step_metrics(exp, updates, dist, group_size=cfg.rollout.group_size, seconds=done - start,
-                                   rollout_seconds=rollout_seconds, sync_seconds=done - synced,
-                                   lr=run.scheduler.get_last_lr()[0])
-            metrics.update(reset)
-            _check_finite(cfg, state, updates, metrics, step, logger, result)
-            _warn_unscored(exp, step, logger)
-            if cfg.log.samples_every and step % cfg.log.samples_every == 0:
-                logger.samples(step, sample_rows(exp, cfg.log.samples_per_step))
-            if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
-                result.final_eval, seconds = _evaluate(cfg, run, dist, logger, step)
-                metrics.update({**result.final_eval, **seconds})
-            logger.log(step, metrics)
-            logger.advance()
-            result.steps_done = step
-            stopping = _stop_after_step(dist, stop, _log_failure(logger, out))  # every process alike
-            if stopping or (cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps)):
-                state.step, state.initial_eval, state.final_eval = step, result.initial_eval, result.final_eval
-                result.checkpoint = _save(cfg, run, dist, state)
-            if stopping:
-                result.stopped_by = stop.signal or "SIGTERM"
-                break
+    lane = _start_lane(cfg, run, state) if cfg.rollout.max_staleness else None
+    idle = _Idle()
+    try:
+        _steps(cfg, run, dist, out, state, logger, result, lane, idle)
+    finally:
+        if lane is not None:
+            lane.close(timeout=cfg.vllm.timeout_s)
+    logger.write(idle.summary(lane))
 
     error = None
     if result.stopped_by is None:
@@ -242,6 +207,130 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
             error = _write_error(e, out)
     _raise_on_every_process(dist, error)
     return result
+
+
+def _steps(cfg: Config, run: _Run, dist: Dist, out: Path, state: TrainState, logger: RunLogger,
+           result: TrainResult, lane: Lane | None, idle: _Idle) -> None:
+    """The steps from state.step + 1 on; with `lane` (rollout.max_staleness >= 1) its batches were sampled ahead."""
+    with GracefulStop() as stop:
+        for step in range(state.step + 1, cfg.train.steps + 1):
+            start = time.perf_counter()
+            # 1-4. prompts → episodes → rewards → advantages (sampled ahead on the lane, or now)
+            if lane is not None:
+                batch, rollout_seconds = lane.next_batch(step)
+                exp, stream = batch.exp, batch.stream
+            else:
+                exp = collect(run.collector, run.stream, dist)
+                rollout_seconds = time.perf_counter() - start
+                stream = None
+            # 5-7. normaliser, reference and old log-probs, μ updates; none when dynamic sampling found no group
+            # to train on (every process alike)
+            updates = learn(run.learner, exp, dist) if len(exp) else []
+            if not updates:
+                st = exp.stats
+                found = st["sampling/prompts_drawn"] - st["sampling/groups_dropped"]
+                logger.write(f"step {step}: dynamic sampling found {found} informative groups in "
+                             f"{st['sampling/rounds']} rounds, too few for {dist.world_size} process(es): no update")
+            with warnings.catch_warnings():  # a step without an update moves the LR schedule on all the same
+                warnings.filterwarnings("ignore", re.escape("Detected call of `lr_scheduler.step()` before"))
+                run.scheduler.step()
+            reset = run.reference_sync(step)  # algo.ref_sync_every: the reference takes the policy's weights
+            # 8. the generator samples from the new weights from now on (asynchronous: the lane, once a batch needs
+            # them, from a copy)
+            synced = time.perf_counter()
+            if lane is not None:
+                lane.publish(step, snapshot_weights(run.policy))
+            else:
+                run.generator.sync_weights(run.policy)
+            # 9. log, evaluate, checkpoint
+            done = time.perf_counter()
+            metrics = step_metrics(exp, updates, dist, group_size=cfg.rollout.group_size, seconds=done - start,
+                                   rollout_seconds=rollout_seconds, sync_seconds=done - synced,
+                                   lr=run.scheduler.get_last_lr()[0])
+            metrics.update(reset)
+            if lane is not None:
+                metrics.update(_staleness(exp, step, cfg, dist), **{
+                    "perf/sample_seconds": batch.seconds, "perf/engine_wait_seconds": lane.take_engine_wait()})
+            idle.add(rollout_seconds, done - start, metrics.get("perf/engine_wait_seconds"))
+            _check_finite(cfg, state, updates, metrics, step, logger, result)
+            _warn_unscored(exp, step, logger)
+            if cfg.log.samples_every and step % cfg.log.samples_every == 0:
+                logger.samples(step, sample_rows(exp, cfg.log.samples_per_step))
+            if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
+                result.final_eval, seconds = _evaluate(cfg, run, dist, logger, step, lane)
+                idle.evaluated(seconds.get("perf/eval_seconds", 0.0))
+                metrics.update({**result.final_eval, **seconds})
+            logger.log(step, metrics)
+            logger.advance()
+            result.steps_done = step
+            stopping = _stop_after_step(dist, stop, _log_failure(logger, out))  # every process alike
+            if stopping or (cfg.train.save_every and (step % cfg.train.save_every == 0 or step == cfg.train.steps)):
+                state.step, state.initial_eval, state.final_eval = step, result.initial_eval, result.final_eval
+                result.checkpoint = _save(cfg, run, dist, state, stream=stream,
+                                          lagged=lane.lagged(step) if lane is not None else None)
+            if stopping:
+                result.stopped_by = stop.signal or "SIGTERM"
+                break
+
+
+def _start_lane(cfg: Config, run: _Run, state: TrainState) -> Lane:
+    """The sampling lane of an asynchronous run, from the step after state.step, with the weights of that step and
+    those of the batches in flight (a resume's, from its checkpoint)."""
+    every, last = cfg.eval.every, cfg.train.steps
+    eval_steps = {t for t in range(state.step + 1, last + 1) if t == last or (every and t % every == 0)}
+    evaluate_on = lambda d: evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,  # noqa: E731
+                                     max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
+                                     temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
+                                     dist=d)
+    return Lane(run.collector, run.stream, run.generator, run.sampling_dist, k=cfg.rollout.max_staleness,
+                mode=cfg.rollout.staleness_mode, first=state.step + 1, last=last,
+                eval_steps=eval_steps if run.eval_set else set(), evaluate=evaluate_on,
+                weights={**run.lagged, state.step: snapshot_weights(run.policy)})
+
+
+def _staleness(exp, step: int, cfg: Config, dist: Dist) -> dict[str, float]:
+    """η of the step's groups (SPEC 14.13): the versions between the weights the batch is first updated from (step
+    − 1) and those that sampled each group, mean and max over every process's groups. None exceeds the bound: the
+    lane samples no batch before the weights of its bound exist."""
+    g = cfg.rollout.group_size
+    mine = ((step - 1) - exp.version.view(-1, g)[:, 0]).double().cpu() if len(exp) else torch.zeros(0)
+    count, total = dist.sum(float(mine.numel())), dist.sum(float(mine.sum()))
+    top = dist.max(float(mine.max()) if mine.numel() else -1.0)
+    if top > cfg.rollout.max_staleness:
+        raise RuntimeError(f"step {step} was handed groups {top:g} versions stale, more than "
+                           f"rollout.max_staleness={cfg.rollout.max_staleness}")
+    return {"staleness/mean": total / count if count else float("nan"), "staleness/max": top if count else float("nan")}
+
+
+@dataclass
+class _Idle:
+    """How long each side of the run waited for the other (the end-of-run summary)."""
+
+    trainer: float = 0.0       # waiting for rollouts (synchronous: all of sampling and scoring)
+    engine: float = 0.0        # waiting for weights (synchronous: all of the update and the evaluation gaps)
+    steps: float = 0.0         # the steps' wall time, evaluations included
+    synchronous: bool = True
+
+    def add(self, rollout_seconds: float, step_seconds: float, engine_wait: float | None) -> None:
+        self.trainer += rollout_seconds
+        self.steps += step_seconds
+        if engine_wait is None:  # synchronous: the engine idles while the trainer learns
+            self.engine += step_seconds - rollout_seconds
+        else:
+            self.engine += engine_wait
+            self.synchronous = False
+
+    def evaluated(self, seconds: float) -> None:
+        self.steps += seconds
+        self.trainer += 0.0 if self.synchronous else seconds  # asynchronous: the trainer waits for the lane's
+
+    def summary(self, lane: Lane | None) -> str:
+        if not self.steps:
+            return "no steps run: nothing to say of idle time"
+        how = "asynchronous (rollout.max_staleness)" if lane is not None else "synchronous"
+        return (f"{how} run: of {self.steps:.1f} s of steps, the trainer waited {self.trainer:.1f} s "
+                f"({100 * self.trainer / self.steps:.0f} %) for rollouts and the engine {self.engine:.1f} s "
+                f"({100 * self.engine / self.steps:.0f} %) for weights")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -262,6 +351,8 @@ class _Run:
     correct_fn: RewardFn
     config_yaml: str
     reference_sync: ReferenceSync
+    sampling_dist: Dist                      # the Dist of sampling's collectives (its own group when asynchronous)
+    lagged: dict = field(default_factory=dict)  # a resume's weights of the batches in flight, by version
 
     def moved_reference(self) -> dict | None:
         """A full model's reference tensors when resets can move them (checkpointed and restored), else None."""
@@ -285,7 +376,9 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
         reference = LogprobModule(policy if reference_copy is None else reference_copy, path,
                                   adapter_off=is_lora(policy))
     trainable = wrap_for_training(policy, dist, c.sharding, path, train_mode=m.gradient_checkpointing)
-    all_finished = lambda done: not dist.any(not done)  # noqa: E731 - every process is done
+    # asynchronous sampling runs its collectives in a group of its own, on its own thread (grpo/ahead.py)
+    sampling_dist = dist.own_group() if cfg.rollout.max_staleness else dist
+    all_finished = lambda done: not sampling_dist.any(not done)  # noqa: E731 - every process is done
     environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished)
     if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
@@ -301,7 +394,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
                                    alpha=a.ref_sync_alpha, lora=is_lora(policy))
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
     generator = build_generator(policy, tokenizer, cfg, all_finished=all_finished, world_size=dist.world_size,
-                                run_dir=Path(cfg.train.output_dir))
+                                run_dir=Path(cfg.train.output_dir), group=sampling_dist.group)
     sampler = Sampler(environment, generator, rollout_sampling(cfg.rollout, cfg.rollout.group_size), cfg.train.seed)
     collector = Collector(sampler, reward_fns, cfg.reward_weights, tokenizer, cfg.train.prompts_per_step,
                           AdvantageSpec.from_algo(a))
@@ -319,7 +412,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
                 resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox)),
-                to_yaml(cfg), reference_sync)
+                to_yaml(cfg), reference_sync, sampling_dist)
 
 
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
@@ -346,6 +439,8 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
     # an engine started from the initial weights samples from these, the version after state.step steps
     run.generator.sync_weights(run.policy, state.step)
     run.stream.restore(state.stream["epoch"], state.stream["position"])
+    if cfg.rollout.max_staleness:  # the weights that sample the batches in flight
+        run.lagged = load_lagged(ckpt, lagged_versions(state.step, cfg.rollout.max_staleness))
     if run.learner.entropy is not None and state.entropy:
         last = state.entropy["last_entropy"]
         run.learner.entropy.coef = state.entropy["coef"]
@@ -353,8 +448,11 @@ def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
     return state
 
 
-def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
-    state.stream = {"epoch": run.stream.epoch, "position": run.stream.position}
+def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState, *, stream: dict | None = None,
+          lagged: dict | None = None) -> Path:
+    """The checkpoint after state.step. Asynchronous: `stream`, the prompt stream after the step's batch (the lane
+    has drawn further), and `lagged`, the weights of the batches in flight."""
+    state.stream = stream or {"epoch": run.stream.epoch, "position": run.stream.position}
     if (control := run.learner.entropy) is not None:
         state.entropy = {"coef": control.coef,
                          "last_entropy": None if math.isinf(control.last_entropy) else control.last_entropy}
@@ -363,7 +461,7 @@ def _save(cfg: Config, run: _Run, dist: Dist, state: TrainState) -> Path:
         path = save_checkpoint(Path(cfg.train.output_dir), state.step, model=run.policy, optimizer=run.optimizer,
                                scheduler=run.scheduler, rng=rng_states(), state=asdict(state),
                                config_yaml=run.config_yaml, keep_last=cfg.train.keep_last, is_main=dist.is_main,
-                               reference=run.moved_reference())
+                               reference=run.moved_reference(), lagged=lagged)
     except WriteError as e:
         error = str(e)
     _raise_on_every_process(dist, error)
@@ -398,14 +496,19 @@ def _write_error(e: OSError, out: Path) -> str:
     return f"could not write {e.filename or f'into {out}'}: {e.strerror or e}; {resume_hint(out, e)}"
 
 
-def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int) -> tuple[dict, dict]:
-    """The held-out figures, and {"perf/eval_seconds": ...} (both empty without held-out examples)."""
+def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int,
+              lane: Lane | None = None) -> tuple[dict, dict]:
+    """The held-out figures, and {"perf/eval_seconds": ...} (both empty without held-out examples); with `lane`,
+    the ones it made with the weights of `step` (the seconds: the trainer's wait for them)."""
     if not run.eval_set:
         return {}, {}
     start = time.perf_counter()
-    metrics = evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
-                       max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                       temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist)
+    if lane is not None:
+        metrics = lane.evaluation(step)
+    else:
+        metrics = evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
+                           max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
+                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist)
     logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                  + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
     return metrics, {"perf/eval_seconds": time.perf_counter() - start}

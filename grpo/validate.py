@@ -147,6 +147,14 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         from grpo.rollout.vllm_server import open_host_error
         if not cfg.vllm_server.urls and (why := open_host_error(cfg.vllm_server.host)):
             raise ConfigError(why)
+    k = cfg.rollout.max_staleness
+    if k and cfg.rollout.backend == "hf":
+        raise ConfigError(f"rollout.max_staleness={k} samples ahead of the trainer, and rollout.backend=hf samples "
+                          "from the very model being trained: use rollout.backend=vllm or vllm_server, or "
+                          "rollout.max_staleness=0")
+    if k and k >= cfg.train.steps:
+        raise ConfigError(f"rollout.max_staleness={k} must be less than train.steps={cfg.train.steps}: with k >= "
+                          "the steps every batch would come from the initial weights")
     if cfg.algo.ref_sync_every and not cfg.algo.beta:
         raise ConfigError(f"algo.ref_sync_every={cfg.algo.ref_sync_every} resets the KL reference, but algo.beta=0 "
                           "loads none: set algo.beta > 0 or algo.ref_sync_every=0")

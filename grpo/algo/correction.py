@@ -52,6 +52,28 @@ CORRECTIONS = {"none": (False, _one), "token_tis": (False, _truncated), "token_m
                "seq_tis": (True, _truncated), "seq_mis": (True, _masked)}
 
 
+# `LossSpec.proximal`: what the ratio of a batch whose sampler reported log-probs is taken to (SPEC 14.1)
+PROXIMAL = ("recompute", "behaviour")
+
+
+def proximal_terms(old_logp: torch.Tensor, sampler_logp: torch.Tensor | None, mask: torch.Tensor, spec: LossSpec
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, torch.Tensor] | None]:
+    """(π_prox's log-probs, the detached sampler weight or None, the mismatch figures or None) of a batch.
+
+    Decoupled PPO (SPEC 14.1, `spec.proximal="recompute"`): the ratio is to the trainer's recompute `old_logp`
+    (ℓ_prox, at the weights before the batch's first update) and the policy term is weighted by `sampler_weights`
+    of ℓ_prox against the engine's ℓ_beh, whatever the version that sampled: with a fresh batch (η = 0) this is
+    §13.1's correction symbol for symbol, and with a stale one the weight also carries the policy's lag. The
+    coupled form (`"behaviour"`) clips around ℓ_beh itself and has no weight. Without sampler log-probs (the
+    in-process generator) both are the recompute with no weight."""
+    if sampler_logp is None:
+        return old_logp, None, None
+    weight, figures = sampler_weights(old_logp, sampler_logp, mask, spec)
+    if spec.proximal == "behaviour":  # the figures still say how far the sampler is from the trainer
+        return sampler_logp.detach(), None, figures
+    return old_logp, weight, figures
+
+
 def sampler_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
                     spec: LossSpec) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """(B, T) trainer and sampler log-probs of the sampled tokens → (B, T) detached weights w, and figures.

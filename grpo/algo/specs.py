@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 
 from grpo.algo._checks import check_choice, check_positive_int
 from grpo.algo.advantages import ADVANTAGES, REWARD_AGGREGATIONS, STDS
-from grpo.algo.correction import CORRECTIONS
+from grpo.algo.correction import CORRECTIONS, PROXIMAL
 from grpo.algo.loss import AGGREGATIONS, KL_KINDS, RATIO_LEVELS, UNBIASED_KL
 from grpo.algo.surrogates import SURROGATES
 
@@ -79,6 +79,7 @@ class LossSpec:
     aggregation: str                 # `AGGREGATIONS`: how the token terms are summed and normalised
     num_iterations: int              # μ: updates per batch of rollouts
     top_entropy_quantile: float      # ρ: the highest-entropy share of the loss tokens that carries the policy term
+    proximal: str                    # `PROXIMAL`: the ratio's denominator when the sampler reports log-probs
     sampler_correction: str          # `CORRECTIONS`, when the sampler reports log-probs of its own
     sampler_correction_cap: float    # C
     sampler_correction_floor: float  # C_min; 0: none
@@ -98,6 +99,7 @@ class LossSpec:
         check_choice("ratio_level", self.ratio_level, RATIO_LEVELS)
         check_choice("aggregation", self.aggregation, AGGREGATIONS)
         check_choice("sampler_correction", self.sampler_correction, CORRECTIONS)
+        check_choice("proximal", self.proximal, PROXIMAL)
         check_choice("unbiased_kl", self.unbiased_kl, UNBIASED_KL)
         if self.off_policy_mask_threshold is not None:
             _at_least("off_policy_mask_threshold", self.off_policy_mask_threshold, 0)

@@ -169,7 +169,9 @@ class Generator(Protocol):
     def sync_weights(self, model, version: int | None = None) -> None:
         """Make the engine sample from `model`'s current weights, whose version is `version` (None: one more
         than now). Called after every training step (and after a resume, with the steps done); for a generator
-        that samples from the training model itself only the version moves."""
+        that samples from the training model itself only the version moves. An engine of its own (the vLLM
+        backends) also takes a `grpo.rollout.vllm_common.snapshot_weights` dict for `model`: weights of an
+        earlier version, for asynchronous sampling (`grpo.ahead`)."""
 
     def close(self) -> None:
         """Release the engine (the trainer calls it when the run ends, however it ends)."""

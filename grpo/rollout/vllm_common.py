@@ -47,9 +47,20 @@ def import_vllm():
     return vllm
 
 
+def snapshot_weights(model) -> dict[str, torch.Tensor]:
+    """A copy of `engine_weights(model)` that later updates of the policy leave as it is: what asynchronous
+    sampling (`rollout.max_staleness`) hands the engine later, as `sync_weights(snapshot, version)`. Every
+    process calls it (the FSDP2 gather is a collective)."""
+    return {name: t.clone() for name, t in engine_weights(model)}
+
+
 def engine_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights under the names of its transformers checkpoint, whole, detached: a LoRA model's
-    adapted weights merged (W + ΔW; the policy itself is not touched), FSDP2 shards gathered (a collective)."""
+    adapted weights merged (W + ΔW; the policy itself is not touched), FSDP2 shards gathered (a collective).
+    `model` may also be a `snapshot_weights` dict, whose tensors are already these."""
+    if isinstance(model, dict):
+        yield from model.items()
+        return
     lora = hasattr(model, "peft_config") and hasattr(model, "get_base_model")
     layers = {}
     if lora:

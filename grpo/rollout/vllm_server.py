@@ -284,9 +284,12 @@ def wait_healthy(server: Launched, model_dir: Path, deadline: float, budget: flo
 class VLLMServerGenerator:
     """Sampling on vLLM servers that hold a copy of the policy's weights, replaced by `sync_weights`."""
 
-    def __init__(self, model, tokenizer, *, cfg, add_special_tokens: bool = True, run_dir: Path | None = None):
+    def __init__(self, model, tokenizer, *, cfg, add_special_tokens: bool = True, run_dir: Path | None = None,
+                 group=None):
         """`cfg`: the whole `grpo.config.Config` (`vllm_server.*`, and `vllm.*` for launched servers). `run_dir`:
-        where launched servers write their logs (None: a temporary directory)."""
+        where launched servers write their logs (None: a temporary directory). `group`: the process group its
+        syncs tell every process the outcome in (None: the default; asynchronous sampling gives its own)."""
+        self.group = group
         self.tokenizer, self.add_special_tokens = tokenizer, add_special_tokens
         self.cfg = cfg.vllm_server
         self.eos_ids, self.pad_id = stop_tokens(model, tokenizer)
@@ -353,7 +356,7 @@ class VLLMServerGenerator:
             for _ in engine_weights(model):  # rank 0's write_start gathers FSDP2 shards: a collective
                 pass
         if self.world > 1:
-            torch.distributed.broadcast_object_list(box, src=0)
+            torch.distributed.broadcast_object_list(box, src=0, group=self.group)
         if isinstance(box[0], Exception):
             raise box[0]
         return box[0]
@@ -485,7 +488,7 @@ class VLLMServerGenerator:
                 pass
         if self.world > 1:
             box = [None if error is None else f"{type(error).__name__}\0{error}"]
-            torch.distributed.broadcast_object_list(box, src=0)
+            torch.distributed.broadcast_object_list(box, src=0, group=self.group)
             if box[0] is not None and error is None:
                 error = EngineError(box[0].split("\0", 1)[1])
         if error is not None:
