@@ -16,6 +16,7 @@ sampling alone, `algo.dynamic_sampling=true`, the rest of the grpo preset kept).
     python benchmarks/presets.py --job smollm2_stories --variants grpo grpo+ds --seeds 0 --name presets_smollm2
     python benchmarks/presets.py --smoke                           # 2 steps, one seed, written under --runs
     python benchmarks/presets.py --redraw                          # the table and chart again from the JSON
+    python benchmarks/presets.py --variants vllm+ds async1 async2 async4 --name async_staleness   # docs/async.md
 
 Writes benchmarks/results/<name>.json (every run's evaluations), <name>.md (the table) and <name>.png (mean
 held-out accuracy over the seeds against steps and against seconds, one line per variant).
@@ -47,6 +48,13 @@ VARIANTS = {
     "luspo": ["algo.preset=grpo", "algo.dynamic_sampling=true", "algo.aggregation=luspo"],
     "entropy": ["algo.preset=grpo", "algo.dynamic_sampling=true", "algo.entropy_coef=0.005"],
     "spg2": ["algo.preset=grpo", "algo.dynamic_sampling=true", "train.steps_per_generation=2"],
+    # asynchronous rollouts (rollout.max_staleness, docs/async.md): the default job on the colocated vLLM engine,
+    # synchronous, then k = 1, 2, 4 with decoupled PPO (the default) and with the coupled clip (`-coupled`). The
+    # asynchronous runs give the engine's thread and the trainer's one core each
+    "vllm+ds": ["algo.preset=grpo", "algo.dynamic_sampling=true", "rollout.backend=vllm", "vllm.kv_cache_gib=0.25"],
+    **{f"async{k}{suffix}": ["algo.preset=grpo", "algo.dynamic_sampling=true", "rollout.backend=vllm",
+                             "vllm.kv_cache_gib=0.25", f"rollout.max_staleness={k}", "compute.threads=1", *extra]
+       for k in (1, 2, 4) for suffix, extra in (("", []), ("-coupled", ["algo.proximal=behaviour"]))},
 }
 # the variants `--menu` runs: the 2026 menu against the default job, side by side on one machine
 MENU = ["grpo+ds", "dppo+ds", "maxrl", "gdpo", "luspo", "entropy", "spg2"]
