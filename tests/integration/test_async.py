@@ -153,3 +153,22 @@ def test_bad_asynchronous_settings_are_one_line_and_exit_2(args, says, tmp_path,
     assert r.returncode == 2, r.stderr[-2000:]
     assert says in r.stderr.strip().splitlines()[-1] and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job, extra", [("grpo/configs/tiny_process.yaml", []), ("grpo/configs/tiny_tools.yaml", []),
+                                        ("grpo/configs/tiny.yaml", ["lora.rank=8"])], ids=["process", "tools", "lora"])
+def test_process_rewards_tools_and_lora_run_one_step_off(job, extra, tmp_path, grpo_cli):
+    r = grpo_cli("train", job, *extra, *QUIET, "train.steps=3", "train.prompts_per_step=8", "eval.size=10",
+                 "eval.every=0", "eval.pass_k=0", "compute.threads=1", "rollout.max_staleness=1",
+                 f"train.output_dir={tmp_path}")
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _rows(tmp_path)
+    assert [x["staleness/max"] for x in rows[1:]] == [0, 1, 1]
+    # the engine took the policy's weights (LoRA merged) from the copies the lane hands it: on the fresh batch its
+    # log-probs agree with the trainer's to float32 rounding
+    assert rows[1]["mismatch/abs_diff_max"] < 1e-3
+    if "tools" in job:
+        assert sum(x["episode/tool_calls"] for x in rows[1:]) > 0
+    if "process" in job:
+        assert all("reward/arithmetic_steps" in x and x["adv/std_zero_frac"] < 1 for x in rows[1:])  # step rewards
