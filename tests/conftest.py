@@ -36,13 +36,15 @@ def pytest_configure(config):
         pytest.importorskip = strict_importorskip(pytest.importorskip, set(required))
 
 
-# The files that take longest, longest first, as the durations of a whole run (`--durations=0`, 2026-12-03) measured
-# them: `make test` (pytest-xdist, `--dist loadfile --no-loadscope-reorder`) hands them out first and in this
-# order, so that no worker is left alone with one of them at the end. test_vllm_train waits for the 20-step run of
-# test_vllm_server (finished_run), so it comes after a first round. Update it when a file's time moves.
-LONGEST_FIRST = ["test_vllm_server.py", "test_faults.py", "test_learns.py", "test_smollm2.py", "test_vllm_train.py",
-                 "test_tools_train.py", "test_distributed.py", "test_resume.py", "test_vllm.py",
-                 "test_reference_sync.py", "test_tracking.py", "test_cli.py", "test_report.py", "test_trainer.py"]
+# The files that take longest, longest first, as the durations of a whole run (`--durations=0`, 2026-12-05, an
+# AVX-512 Xeon: 250, 200, 95, 90, 90, 85, 75, 75, 60 s ...) measured them: `make test` (pytest-xdist, `--dist loadfile
+# --no-loadscope-reorder`) hands them out first and in this order, so that no worker is left alone with one of them
+# at the end. test_vllm_train waits for test_vllm_server's runs (finished_run), so it comes after a first round.
+# Update it when a file's time moves.
+LONGEST_FIRST = ["test_vllm_server.py", "test_faults.py", "test_resume.py", "test_async.py", "test_vllm_train.py",
+                 "test_distributed.py", "test_learns.py", "test_smollm2.py", "test_tools_train.py", "test_trainer.py",
+                 "test_vllm.py", "test_tracking.py", "test_cli.py", "test_sandbox.py", "test_reference_sync.py",
+                 "test_report.py"]
 
 
 def pytest_collection_modifyitems(config, items):

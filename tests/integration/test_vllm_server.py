@@ -171,12 +171,19 @@ def test_two_trainer_processes_share_one_server(server, finished_run, tmp_path):
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     # each process sends its own prompts (to the same server) and the rows are the one-process run's: the figures
-    # equal it to the rounding of sums over two processes, and the weights to 1e-5, as test_distributed's two
-    # processes without a server; the mismatch figures, themselves rounding (about 1e-5), stay below 1e-3
+    # equal it to the rounding of sums over two processes; the mismatch figures, themselves rounding (about 1e-5),
+    # stay below 1e-3. The weights: all but one in 10,000 coordinates within 1e-6, none beyond 1e-4 (half of one
+    # step's lr). After 4 AdamW steps a coordinate whose gradient is mostly cancellation (rounding noise) moves by
+    # a share of lr that the order of the sums decides (on an AVX-512 Xeon: 1 of 65,536 in one matrix, 1.3e-5),
+    # while a wrong normaliser, shard or batch moves every coordinate
     from safetensors.torch import load_file
     one = finished_run("vllm-four-steps", *FOUR_STEPS)
     wa, wb = (load_file(p / "model" / "model.safetensors") for p in (one, out))
-    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], atol=1e-5, rtol=0) for k in wa)
+    assert wa.keys() == wb.keys()
+    apart = sum(int(((wa[k] - wb[k]).abs() > 1e-6).sum()) for k in wa)
+    assert apart <= sum(w.numel() for w in wa.values()) // 10_000, apart
+    for k in wa:
+        assert torch.allclose(wa[k], wb[k], atol=1e-4, rtol=0), (k, (wa[k] - wb[k]).abs().max())
     ra, rb = _rows(one), _rows(out)
     assert [r["step"] for r in ra] == [r["step"] for r in rb]
     for x, y in zip(ra, rb):
