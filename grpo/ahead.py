@@ -145,9 +145,12 @@ class Lane:
             try:
                 item = q.get(timeout=1.0)
             except queue.Empty:
-                if not self._thread.is_alive():
+                if self._thread.is_alive():
+                    continue
+                try:  # its last item may have come between the wait and the check
+                    item = q.get_nowait()
+                except queue.Empty:
                     raise RuntimeError("the sampling lane stopped without a word") from None
-                continue
             if isinstance(item, LaneFailed):
                 raise item.args[0]
             return item
@@ -160,16 +163,19 @@ class Lane:
             for s in range(self.first, self.last + self.k + 2):
                 t = s - 1 - self.k  # the version batch s is sampled by, at the latest
                 if t >= self.first and t in self.eval_steps:  # the evaluation after step t, with its weights
-                    if self._load(self._wait(t, exact=True)) is None:
+                    version = self._agree(self._wait(t, exact=True), exact=True)
+                    if version is None:
                         return
+                    self._load(version)
                     start = time.perf_counter()
                     self._evals.put((t, self.evaluate(self.dist)))
                     self.busy_total += time.perf_counter() - start
                 if s > self.last:
                     continue
-                version = self._wait(max(0, t), exact=self.mode == "fixed")
-                if version is None or self._load(version) is None:
+                version = self._agree(self._wait(max(0, t), exact=self.mode == "fixed"), exact=self.mode == "fixed")
+                if version is None:
                     return
+                self._load(version)
                 start = time.perf_counter()
                 exp = collect(self.collector, self.stream, self.dist)
                 seconds = time.perf_counter() - start
@@ -182,8 +188,8 @@ class Lane:
             self._evals.put(failed)
 
     def _wait(self, version: int, *, exact: bool) -> int | None:
-        """Block until the trainer has published `version` (fixed) or any newer one (freshest); the version to
-        load, the same on every process (freshest: the newest every process has). None: the lane is stopping."""
+        """Block until the trainer has published `version` (fixed) or any newer one (freshest): this process's
+        choice of the version to load (freshest: its newest). None: this lane is stopping."""
         start = time.perf_counter()
         with self._cond:
             while not self._stop and not self._ready(version, exact):
@@ -193,10 +199,18 @@ class Lane:
             waited = time.perf_counter() - start
             self.engine_wait += waited
             self.engine_wait_total += waited
-            chosen = version if exact else max(self._weights)
-        if not exact and self.dist.world_size > 1:  # every process's lane loads the same version
-            chosen = int(-self.dist.max(-float(chosen)))
-        return chosen
+            return version if exact else max(self._weights)
+
+    def _agree(self, version: int | None, *, exact: bool) -> int | None:
+        """What every process's lane does next, decided together: stop (None) if any lane is stopping, so that
+        none starts a batch whose collectives the others would never join (a lane stops when its own trainer
+        closes it, and trainers stop at slightly different moments); else load `version`, in freshest mode the
+        oldest of the processes' newest (which every process holds)."""
+        if self.dist.world_size == 1:
+            return version
+        if self.dist.any(version is None):
+            return None
+        return version if exact else int(-self.dist.max(-float(version)))
 
     def _ready(self, version: int, exact: bool) -> bool:
         return version in self._weights if exact else any(v >= version for v in self._weights)

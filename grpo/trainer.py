@@ -219,6 +219,7 @@ def _steps(cfg: Config, run: _Run, dist: Dist, out: Path, state: TrainState, log
             if lane is not None:
                 batch, rollout_seconds = lane.next_batch(step)
                 exp, stream = batch.exp, batch.stream
+                _check_fresh(exp, step, cfg.rollout.max_staleness)  # before anything learns from it
             else:
                 exp = collect(run.collector, run.stream, dist)
                 rollout_seconds = time.perf_counter() - start
@@ -282,23 +283,28 @@ def _start_lane(cfg: Config, run: _Run, state: TrainState) -> Lane:
                                      max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                                      temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
                                      dist=d)
+    weights, run.lagged = {**run.lagged, state.step: snapshot_weights(run.policy)}, {}  # the lane's alone now
     return Lane(run.collector, run.stream, run.generator, run.sampling_dist, k=cfg.rollout.max_staleness,
                 mode=cfg.rollout.staleness_mode, first=state.step + 1, last=last,
-                eval_steps=eval_steps if run.eval_set else set(), evaluate=evaluate_on,
-                weights={**run.lagged, state.step: snapshot_weights(run.policy)})
+                eval_steps=eval_steps if run.eval_set else set(), evaluate=evaluate_on, weights=weights)
+
+
+def _check_fresh(exp, step: int, k: int) -> None:
+    """No row of step `step`'s batch was sampled by weights older than its bound, step − 1 − k (the lane waits for
+    them, so this never fails; checked before the batch is learnt from, on this process's rows)."""
+    if len(exp) and int(exp.version.min()) < step - 1 - k:
+        raise RuntimeError(f"step {step} was handed rows sampled by the weights of step {int(exp.version.min())}, "
+                           f"older than rollout.max_staleness={k} allows ({step - 1 - k})")
 
 
 def _staleness(exp, step: int, cfg: Config, dist: Dist) -> dict[str, float]:
     """η of the step's groups (SPEC 14.13): the versions between the weights the batch is first updated from (step
-    − 1) and those that sampled each group, mean and max over every process's groups. None exceeds the bound: the
-    lane samples no batch before the weights of its bound exist."""
+    − 1) and those that sampled each group, mean and max over every process's groups. None exceeds the bound
+    (`_check_fresh`, before the update)."""
     g = cfg.rollout.group_size
     mine = ((step - 1) - exp.version.view(-1, g)[:, 0]).double().cpu() if len(exp) else torch.zeros(0)
     count, total = dist.sum(float(mine.numel())), dist.sum(float(mine.sum()))
     top = dist.max(float(mine.max()) if mine.numel() else -1.0)
-    if top > cfg.rollout.max_staleness:
-        raise RuntimeError(f"step {step} was handed groups {top:g} versions stale, more than "
-                           f"rollout.max_staleness={cfg.rollout.max_staleness}")
     return {"staleness/mean": total / count if count else float("nan"), "staleness/max": top if count else float("nan")}
 
 

@@ -34,7 +34,8 @@ class Stream:
 def lane_of(monkeypatch):
     lanes = []
 
-    def make(engine, *, k, mode="fixed", first=1, last=8, eval_steps=(), slow=0.0, fail_at=None, weights=None):
+    def make(engine, *, k, mode="fixed", first=1, last=8, eval_steps=(), slow=0.0, fail_at=None, weights=None,
+             dist=None):
         def fake_collect(collector, stream, dist):
             if fail_at is not None and stream.position + 1 == fail_at:
                 raise ValueError("a reward function broke")
@@ -51,7 +52,8 @@ def lane_of(monkeypatch):
             engine.log.append(("eval", engine.version))
             return {"eval/accuracy": float(engine.version)}
 
-        lane = Lane(None, stream, engine, Dist(), k=k, mode=mode, first=first, last=last, eval_steps=set(eval_steps),
+        lane = Lane(None, stream, engine, dist or Dist(), k=k, mode=mode, first=first, last=last,
+                    eval_steps=set(eval_steps),
                     evaluate=evaluate, weights=weights or {first - 1: {"v": first - 1}})
         lanes.append(lane)
         return lane
@@ -143,3 +145,67 @@ def test_closing_a_lane_that_waits_for_weights_is_prompt(lane_of):
     start = time.perf_counter()
     lane.close(timeout=5)
     assert time.perf_counter() - start < 1 and not lane._thread.is_alive()
+
+
+class OtherLaneStops:
+    """Two processes' `Dist` as one lane sees it: the other process's lane is stopping from its `after`-th
+    decision on (its trainer closed it a moment earlier)."""
+
+    world_size, rank = 2, 0
+
+    def __init__(self, after):
+        self.after, self.decisions = after, 0
+
+    def any(self, flag):
+        self.decisions += 1
+        return flag or self.decisions >= self.after
+
+    def max(self, x):
+        return x
+
+
+@pytest.mark.parametrize("mode", ["fixed", "freshest"])
+def test_lanes_stop_together_so_none_starts_a_batch_the_others_never_join(lane_of, mode):
+    engine = Engine()
+    dist = OtherLaneStops(after=3)
+    # every version this lane needs is there: alone, it would sample all 8 batches at once
+    lane = lane_of(engine, k=1, mode=mode, last=8, dist=dist, weights={v: {"v": v} for v in range(8)})
+    lane._thread.join(5)
+    assert not lane._thread.is_alive() and dist.decisions == 3
+    assert [x[1] for x in engine.log if x[0] == "collect"] == [1, 2]  # the third batch was never begun
+
+
+def test_an_item_put_as_the_lane_ends_is_taken_not_lost(lane_of):
+    import queue
+
+    lane = lane_of(Engine(), k=1, last=1)
+    lane._thread.join(5)  # it put batch 1 and ended
+
+    class Late(queue.Queue):  # the item lands between the trainer's timed wait and its look at the thread
+        def get(self, block=True, timeout=None):
+            if block and timeout:
+                raise queue.Empty
+            return super().get(block, timeout)
+
+    late = Late()
+    late.put(lane._batches.get())
+    lane._batches = late
+    assert lane.next_batch(1)[0].step == 1
+
+
+def test_a_batch_older_than_its_bound_is_refused_before_the_update():
+    import torch
+
+    from grpo.trainer import _check_fresh
+
+    class Rows:
+        def __init__(self, versions):
+            self.version = torch.tensor(versions)
+
+        def __len__(self):
+            return len(self.version)
+
+    _check_fresh(Rows([2, 2, 3]), step=5, k=2)  # bound: 5 - 1 - 2 = 2
+    with pytest.raises(RuntimeError, match="step 5 was handed rows sampled by the weights of step 1, older than "
+                                           "rollout.max_staleness=2 allows"):
+        _check_fresh(Rows([2, 1]), step=5, k=2)
