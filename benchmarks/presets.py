@@ -16,7 +16,10 @@ sampling alone, `algo.dynamic_sampling=true`, the rest of the grpo preset kept).
     python benchmarks/presets.py --job smollm2_stories --variants grpo grpo+ds --seeds 0 --name presets_smollm2
     python benchmarks/presets.py --smoke                           # 2 steps, one seed, written under --runs
     python benchmarks/presets.py --redraw                          # the table and chart again from the JSON
-    python benchmarks/presets.py --variants vllm+ds async1 async2 async4 --name async_staleness   # docs/async.md
+    python benchmarks/presets.py --variants vllm+ds async1 async1-coupled async2 async2-coupled async4 async4-coupled \
+        --steps 60 --name async_staleness                                                       # docs/async.md
+    python benchmarks/presets.py --job smollm2_stories --variants smol-sync smol-async1 smol-async2 smol-async4 \
+        --steps 10 --seeds 0 --name async_staleness_smollm2                                     # docs/async.md
 
 Writes benchmarks/results/<name>.json (every run's evaluations), <name>.md (the table) and <name>.png (mean
 held-out accuracy over the seeds against steps and against seconds, one line per variant).
@@ -55,6 +58,19 @@ VARIANTS = {
     **{f"async{k}{suffix}": ["algo.preset=grpo", "algo.dynamic_sampling=true", "rollout.backend=vllm",
                              "vllm.kv_cache_gib=0.25", f"rollout.max_staleness={k}", "compute.threads=1", *extra]
        for k in (1, 2, 4) for suffix, extra in (("", []), ("-coupled", ["algo.proximal=behaviour"]))},
+    # the engine in a process of its own (a server grpo launches), synchronous, then k = 1, 2 with one thread for
+    # the trainer and one for the server (vllm.threads)
+    "srv+ds": ["algo.preset=grpo", "algo.dynamic_sampling=true", "rollout.backend=vllm_server",
+               "vllm.kv_cache_gib=0.25"],
+    **{f"srv-async{k}": ["algo.preset=grpo", "algo.dynamic_sampling=true", "rollout.backend=vllm_server",
+                         "vllm.kv_cache_gib=0.25", f"rollout.max_staleness={k}", "compute.threads=1", "vllm.threads=1"]
+       for k in (1, 2)},
+    # the same on the SmolLM2 job (`--job smollm2_stories`): its own preset (grpo, no dynamic sampling), the
+    # colocated engine in float32 (docs/smollm2.md), k = 0, 1, 2, 4; both sides keep the job's threads (its steps
+    # are mostly learning, which one thread would slow more than the overlap saves)
+    **{f"smol-{'sync' if k == 0 else f'async{k}'}": ["algo.preset=grpo", "algo.dynamic_sampling=false",
+                                                     "rollout.backend=vllm", "model.autocast_bf16=false",
+                                                     f"rollout.max_staleness={k}"] for k in (0, 1, 2, 4)},
 }
 # the variants `--menu` runs: the 2026 menu against the default job, side by side on one machine
 MENU = ["grpo+ds", "dppo+ds", "maxrl", "gdpo", "luspo", "entropy", "spg2"]
@@ -85,7 +101,8 @@ def run(variant: str, seed: int, job: str, task: str | None, out: Path, extra: l
     evals = [{"step": r["step"], "accuracy": r["eval/accuracy"], "seconds": r["perf/elapsed_seconds"]}
              for r in rows if r.get("eval/accuracy") is not None]
     return {"variant": variant, "seed": seed, "evals": evals, "wall_seconds": time.perf_counter() - start,
-            "reward_last": rows[-1].get("reward/mean")}
+            "reward_last": rows[-1].get("reward/mean"),
+            "step_seconds": [r["perf/step_seconds"] for r in rows if r["step"] > 0]}
 
 
 def table(results: list[dict], task: str, steps: int, job: str = "tiny") -> str:
@@ -98,8 +115,10 @@ def table(results: list[dict], task: str, steps: int, job: str = "tiny") -> str:
     lines = [f"Held-out greedy accuracy of {what}, task `{task}`, {steps} steps); "
              f"mean ± sd over the seeds. \"at {budget} s\": interpolated at that many seconds since the run began "
              "(evaluations included).", "",
-             f"| variant | seeds | start | half-way | end | gain | at {budget} s | best seed end | seconds per run |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"| variant | seeds | start | half-way | end | gain | at {budget} s | best seed end | seconds per run | "
+             "s per step | steps/s vs first |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    first = None
     for variant, runs in by.items():
         start = [r["evals"][0]["accuracy"] for r in runs]
         end = [r["evals"][-1]["accuracy"] for r in runs]
@@ -107,8 +126,14 @@ def table(results: list[dict], task: str, steps: int, job: str = "tiny") -> str:
         gain = [e - s for s, e in zip(start, end)]
         timed = [_at(r["evals"], budget) for r in runs]
         secs = [r["evals"][-1]["seconds"] for r in runs]
+        # the training steps' own seconds (perf/step_seconds: waiting for the batch and learning from it, not the
+        # evaluations), as steps per second against the first variant's
+        per_step = [statistics.mean(r["step_seconds"]) for r in runs if r.get("step_seconds")]
+        pace = statistics.mean(per_step) if per_step else None
+        first = first or pace
         lines.append(f"| {variant} | {len(runs)} | {_ms(start)} | {_ms(half)} | {_ms(end)} | {_ms(gain, signed=True)} | "
-                     f"{_ms(timed)} | {max(end):.3f} | {statistics.mean(secs):.0f} |")
+                     f"{_ms(timed)} | {max(end):.3f} | {statistics.mean(secs):.0f} | "
+                     f"{f'{pace:.3f}' if pace else '-'} | {f'{first / pace:.2f}x' if pace and first else '-'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -387,6 +387,11 @@ class VLLMConfig:
                                 "model's max_position_embeddings.", ge=0)
     enforce_eager: bool = opt(True, "Run the engine's model eagerly: no torch.compile and no CUDA graphs, so it "
                                     "starts in seconds; false is faster per token on a GPU once warmed up.")
+    threads: int = opt(0, "CPU threads of the engine: the colocated engine's thread (rollout.backend=vllm) and "
+                          "each server grpo launches (vllm_server.launch, as OMP_NUM_THREADS); 0: the trainer's "
+                          "(compute.threads) for the colocated engine, PyTorch's default (every core) for a server. "
+                          "With rollout.max_staleness, sampling and learning run at once: splitting the cores "
+                          "between them (docs/async.md) can pay.", ge=0, resume="rounding")
     timeout_s: float = opt(600.0, "Longest an engine call (start, a batch of rollouts, a weight sync) may take "
                                   "before the run stops with an error instead of hanging.", gt=0, resume="free")
 

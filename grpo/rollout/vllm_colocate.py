@@ -84,7 +84,7 @@ class VLLMGenerator:
         self.eos_ids, self.pad_id = stop_tokens(model, tokenizer)
         self.device = next(model.parameters()).device
         self._broken = ""
-        self._worker = _Worker(vllm_cfg.timeout_s, torch.get_num_threads())
+        self._worker = _Worker(vllm_cfg.timeout_s, vllm_cfg.threads or torch.get_num_threads())
         self._own_group = torch.distributed.is_available() and torch.distributed.is_initialized()
         self._dir = tempfile.TemporaryDirectory(prefix="grpo-vllm-")
         write_start(model, tokenizer, Path(self._dir.name))  # every rank (the FSDP gather is collective)

@@ -25,6 +25,9 @@ def test_the_command_a_server_starts_with():
         assert flag in line, flag
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # on CPU the model runs in the engine's process
+    assert "OMP_NUM_THREADS" not in env  # vllm.threads=0: PyTorch's default
+    _, one = serve_command("/m", vllm_cfg=VLLMConfig(threads=1), host="127.0.0.1", port=1, max_model_len=512)
+    assert one["OMP_NUM_THREADS"] == "1" and one["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert cmd[cmd.index("--weight-transfer-config") + 1] == '{"backend": "grpo_gloo"}'  # grpo's engine on a CPU
     gpu, gpu_env = serve_command("/m", vllm_cfg=VLLMConfig(), host="::1", port=1, max_model_len=512, device="cuda")
     assert "--gpu-memory-utilization" in gpu and "--no-enable-chunked-prefill" not in gpu
