@@ -211,7 +211,7 @@ def _load(cfg):
 
 def _eval(cfg, args) -> int:
     from grpo.evaluation import evaluate
-    from grpo.rewards import resolve_reward
+    from grpo.rewards import build_rewards, resolve_reward
     from grpo.sandbox import Limits
 
     generator, environment, task = _load(cfg)
@@ -219,14 +219,27 @@ def _eval(cfg, args) -> int:
     if not examples:
         raise GRPOError("no held-out examples to evaluate on: set data.eval_path, data.eval_split or "
                         "data.eval_fraction")
-    with contextlib.closing(generator):
+    with contextlib.closing(generator), contextlib.ExitStack() as stack:
         correct = resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox))
+        more = build_rewards(cfg.eval.rewards, sandbox_limits=Limits.from_config(cfg.sandbox),
+                             reward_model=cfg.reward_model, device=_device(cfg.model.device),
+                             judge=cfg.judge, vllm_cfg=cfg.vllm, seed=cfg.train.seed)
+        for _, fn in more:  # a judge's launched server stops with the command
+            if hasattr(fn, "close"):
+                stack.callback(fn.close)
         metrics = evaluate(environment, generator, examples, correct,
                            max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed)
+                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
+                           rewards=more)
     print(json.dumps({"model": cfg.model.path, "task": getattr(task, "name", cfg.data.task),
                       "examples": len(examples), **metrics}, indent=2))
     return 0
+
+
+def _device(device: str) -> str:
+    """model.device as the model loads on it ('auto': CUDA where PyTorch sees it)."""
+    import torch
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
 def _sample(cfg, args) -> int:

@@ -84,7 +84,8 @@ class Scored(Rows):
 def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     """This process's share of the next step's episodes, scored, with advantages."""
     if not c.spec.dynamic_sampling:
-        return _experience(c, _score(c, sample(c.sampler, stream, dist.rank, dist.world_size)), dist)
+        scored = _score(c, sample(c.sampler, stream, dist.rank, dist.world_size))
+        return _experience(c, scored, dist, stats=_reward_figures(c, dist))
     g, share = c.sampler.sampling.n, c.prompts_per_step // dist.world_size  # share: groups a process samples a round
     rounds: list[Scored] = []                # this process's share of each round
     kept: list[tuple[int, int]] = []         # (round, group of the round) of the informative groups, in the order drawn
@@ -105,8 +106,23 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
     trained -= trained % dist.world_size
     stats = {"sampling/rounds": len(rounds), "sampling/prompts_drawn": drawn,
              "sampling/groups_dropped": drawn - len(kept), "sampling/groups_trained": trained,
-             "sampling/reward_mean": torch.cat(totals).nanmean().item()}  # NaN (logged null) if none applied
+             "sampling/reward_mean": torch.cat(totals).nanmean().item(),  # NaN (logged null) if none applied
+             **_reward_figures(c, dist)}
     return _experience(c, _route(c, rounds, kept[:trained], share, dist), dist, stats=stats)
+
+
+def _reward_figures(c: Collector, dist: Dist) -> dict[str, float]:
+    """The figures reward functions keep of the step's scoring (`take_figures`: a judge's failures, requests and
+    seconds), summed over processes (seconds: the longest), in one collective; none without such a function."""
+    mine: dict[str, float] = {}
+    for _, fn in c.rewards:
+        for k, v in (fn.take_figures() if hasattr(fn, "take_figures") else {}).items():
+            mine[k] = mine.get(k, 0.0) + v
+    if not mine:
+        return {}
+    keys = sorted(mine)
+    rows = dist.gather(torch.tensor([mine[k] for k in keys], dtype=torch.float64)).view(dist.world_size, len(keys))
+    return {k: (rows[:, i].max() if k.endswith("seconds") else rows[:, i].sum()).item() for i, k in enumerate(keys)}
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -467,6 +467,68 @@ class EvalConfig:
     temperature: float = opt(1.0, "Sampling temperature for pass@k (accuracy is always greedy).", gt=0)
     reward: str = opt("last_number", "Reward function that decides whether a completion is correct (1 = correct): "
                                      "a built-in name ({names}) or 'module:function'.", names="rewards")
+    rewards: list[str] = opt([], "More rewards to take on the held-out greedy completions, each logged as the mean "
+                                 "eval/reward/<name> beside the accuracy (a reward model's score, rm:<path>, or the "
+                                 "judge's, say): built-in names ({names}), 'module:function', 'rm:<path>' or "
+                                 "'judge'.", names="rewards", resume="free")
+
+
+@dataclass
+class RewardModelConfig:
+    device: str = opt("", "Where the reward models of the rewards list (rm:<path>) run: cpu, cuda, cuda:1, ...; "
+                          "empty: the policy's device (model.device).", resume="rounding")
+    bf16: bool = opt(False, "Load and run the reward models in bfloat16 (weights and matmuls); false: float32.")
+    batch_size: int = opt(32, "Completions a reward model scores in one forward pass.", ge=1, resume="rounding")
+    max_length: int = opt(0, "Longest input a reward model reads, in its own tokens; a longer one loses its "
+                             "start (the completion is kept). 0: the model's own limit.", ge=0)
+
+
+JUDGE_TEMPLATE = ("Here is a question and an answer to it.\n\nQuestion: {prompt}\n\nAnswer: {completion}\n\n"
+                  "Is the answer correct and helpful? Reply with Yes or No.")
+
+
+@dataclass
+class JudgeConfig:
+    url: str = opt("", "With 'judge' in the rewards list: the base URL of an OpenAI-compatible endpoint (e.g. "
+                       "http://127.0.0.1:8000/v1, or a hosted API's); empty with launch.", resume="free")
+    model: str = opt("", "The model the judge asks for by name; with launch, the model to serve: a directory, a "
+                         "Hub id, or a packaged name such as smollm2-135m-instruct.")
+    launch: bool = opt(False, "Start a local vLLM server of judge.model on 127.0.0.1 for the run (its log: "
+                              "<output_dir>/judge-server.log), stopped when the run ends; vllm.* sizes it.",
+                       resume="free")
+    api_key_env: str = opt("", "The environment variable that holds the endpoint's API key, sent as a Bearer "
+                               "token (the key never goes into the config, the run directory or the logs); empty: "
+                               "none is sent.", resume="free")
+    template: str = opt(JUDGE_TEMPLATE, "What the judge is asked for each completion: {prompt}, {completion} and any "
+                                        "field of the examples ({answer}, a dataset column), in str.format's syntax; "
+                                        "a field the examples lack is refused at load.")
+    chat: bool = opt(True, "Send the filled template as the user's message to /chat/completions (the served "
+                           "model's chat template applies); false: as a raw prompt to /completions.")
+    parser: Literal["token_prob", "yes_no", "number"] = opt(
+        "token_prob", "How an answer becomes a score: 'token_prob', the probability of judge.token as the judge's "
+                      "first token (from its top log-probs; verl's GenRM); 'yes_no', 1.0 for an answer that starts "
+                      "with yes and 0.0 for no; 'number', its first number, which must lie in [min_score, "
+                      "max_score]. An answer it cannot read is a failure (None).")
+    token: str = opt("Yes", "The token whose probability token_prob reads (case and surrounding spaces ignored).")
+    min_score: float = opt(0.0, "The lowest score the 'number' parser accepts.")
+    max_score: float = opt(10.0, "The highest score the 'number' parser accepts.")
+    max_tokens: int = opt(8, "Tokens the judge may generate for 'yes_no' and 'number' ('token_prob' takes one).",
+                          ge=1)
+    concurrency: int = opt(8, "Requests in flight at once.", ge=1, resume="free")
+    timeout_s: float = opt(60.0, "Longest one request may take before it counts as failed (then retried).", gt=0,
+                           resume="free")
+    retries: int = opt(2, "Retries of a request after a connection error, a timeout or an HTTP 429/5xx answer, "
+                          "waiting backoff_s, then twice that, ...", ge=0, resume="free")
+    backoff_s: float = opt(0.5, "The first wait before a retry, in seconds (doubled each time).", ge=0,
+                           resume="free")
+    max_failure_frac: float = opt(0.25, "A batch in which the judge fails on more than this share of the "
+                                        "completions stops the run with one line; below it, each failure is None "
+                                        "(left out of its group's statistics) and counted in judge/failures.",
+                                  ge=0, le=1, resume="free")
+    max_model_len: int = opt(2048, "With launch: the longest request plus answer the server takes, in tokens.",
+                             ge=16)
+    startup_timeout_s: float = opt(900.0, "With launch: the longest the server may take to start.", gt=0,
+                                   resume="free")
 
 
 @dataclass
@@ -502,7 +564,11 @@ class Config:
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
-    rewards: list[str] = opt(["last_number"], "Reward functions: built-in names ({names}) or 'module:function'; "
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    rewards: list[str] = opt(["last_number"], "Reward functions: built-in names ({names}), 'module:function', "
+                                              "'rm:<path or Hub id>' for a reward model (its score; reward_model.* "
+                                              "runs it), or 'judge' for an LLM judge (judge.*); "
                                               "the total reward is their weighted sum. A run given Python functions "
                                               "(train(cfg, rewards=[...])) records them here as 'module:qualname'.",
                              names="rewards")

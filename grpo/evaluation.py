@@ -11,7 +11,8 @@ import torch
 from grpo.distributed import Dist
 from grpo.envs.base import episode_fields
 from grpo.errors import DataError
-from grpo.rewards import RewardFn, example_fields, reward_name
+from grpo.rewards import RewardFn, example_fields, reward_name, score
+from grpo.rewards.calls import call
 from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int,
              episodes: dict[str, list] | None = None) -> torch.Tensor:
     prompts = [e.prompt for e in examples for _ in range(repeat)]
-    values = fn(prompts=prompts, completions=texts, **example_fields(examples, repeat), **(episodes or {}))
+    values = call(fn, prompts=prompts, completions=texts, **example_fields(examples, repeat), **(episodes or {}))
     if any(isinstance(v, (list, tuple)) for v in values):
         raise DataError(f"eval.reward {reward_name(fn)!r} returned lists of steps; evaluation needs a reward that "
                         "says 1.0 for a correct completion (an outcome reward such as last_number or math)")
@@ -31,10 +32,11 @@ def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat
 
 def evaluate(environment: Environment, generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *,
              max_new_tokens: int, pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-             dist: Dist | None = None) -> dict[str, float]:
+             dist: Dist | None = None, rewards: Sequence[tuple[str, RewardFn]] = ()) -> dict[str, float]:
     """`eval/accuracy` (greedy), `eval/pass@k` (k samples, at least one correct), per family when the
-    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`. Episodes run through the
-    environment, as in training.
+    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`; with `rewards` ((name,
+    function) pairs: `eval.rewards`), each one's mean over the greedy completions as `eval/reward/<name>` (None
+    values left out). Episodes run through the environment, as in training.
 
     With several processes each evaluates an equal share and the results are gathered: every process returns
     the same figures, equal to a single process's (a prompt's samples depend on its seed only)."""
@@ -47,6 +49,14 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1, episode_fields(greedy))[:, 0].float())[:n].bool()
     lengths = dist.gather(greedy.lengths.float().cpu())[:n]
     metrics = {"eval/accuracy": ok.float().mean().item(), "eval/mean_length": lengths.mean().item()}
+    if rewards:
+        scores = score(rewards, None, [e.prompt for e in mine], greedy.texts,
+                       {**example_fields(mine, 1), **episode_fields(greedy)})
+        for name, values in scores.per_fn.items():
+            metrics[f"eval/reward/{name}"] = dist.gather(values.double().cpu())[:n].nanmean().item()
+        for _, fn in rewards:  # a judge's requests here are not a training step's
+            if hasattr(fn, "take_figures"):
+                fn.take_figures()
     families = defaultdict(list)
     for e, c in zip(examples, ok.tolist()):
         if "task" in e.fields:

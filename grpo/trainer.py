@@ -44,7 +44,7 @@ from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
-from grpo.rewards import RewardFn, build_rewards, recorded_name, resolve_reward, reward_name
+from grpo.rewards import RewardFn, build_rewards, example_fields, recorded_name, resolve_reward, reward_name
 from grpo.rundir import RunLock, claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling, snapshot_weights
@@ -142,6 +142,9 @@ def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path,
         with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
             if hasattr(run.generator, "close"):
                 stack.callback(run.generator.close)
+            for _, fn in {id(f): (n, f) for n, f in [*run.collector.rewards, *run.eval_rewards]}.values():
+                if hasattr(fn, "close"):  # and a judge's launched server
+                    stack.callback(fn.close)
             return _train(cfg, run, dist, out, started, ckpt)
     except BaseException as e:
         if writing and ckpt is None and dist.is_main:  # a new run that failed before its first step leaves nothing
@@ -282,7 +285,7 @@ def _start_lane(cfg: Config, run: _Run, state: TrainState) -> Lane:
     evaluate_on = lambda d: evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,  # noqa: E731
                                      max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                                      temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                     dist=d)
+                                     dist=d, rewards=run.eval_rewards)
     weights, run.lagged = {**run.lagged, state.step: snapshot_weights(run.policy)}, {}  # the lane's alone now
     return Lane(run.collector, run.stream, run.generator, run.sampling_dist, k=cfg.rollout.max_staleness,
                 mode=cfg.rollout.staleness_mode, first=state.step + 1, last=last,
@@ -358,6 +361,7 @@ class _Run:
     config_yaml: str
     reference_sync: ReferenceSync
     sampling_dist: Dist                      # the Dist of sampling's collectives (its own group when asynchronous)
+    eval_rewards: list = field(default_factory=list)  # eval.rewards: (name, function), logged as eval/reward/<name>
     lagged: dict = field(default_factory=dict)  # a resume's weights of the batches in flight, by version
 
     def moved_reference(self) -> dict | None:
@@ -386,14 +390,27 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     sampling_dist = dist.own_group() if cfg.rollout.max_staleness else dist
     all_finished = lambda done: not sampling_dist.any(not done)  # noqa: E731 - every process is done
     environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished)
+    build = functools.partial(build_rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
+                              overlong_buffer=cfg.overlong_buffer, sandbox_limits=Limits.from_config(cfg.sandbox),
+                              reward_model=cfg.reward_model, device=str(next(policy.parameters()).device),
+                              judge=cfg.judge, run_dir=Path(cfg.train.output_dir), vllm_cfg=cfg.vllm,
+                              seed=cfg.train.seed)
     if rewards is not None:  # reward_weights fit them (validate)
         reward_fns = [(reward_name(f), f) for f in rewards]
     else:
-        reward_fns = build_rewards(cfg.rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
-                                   overlong_buffer=cfg.overlong_buffer, sandbox_limits=Limits.from_config(cfg.sandbox))
+        reward_fns = build(cfg.rewards)
+    # eval.rewards: a reward the training also takes is the same object (one reward model loaded, one judge)
+    built = dict(zip(cfg.rewards, reward_fns)) if rewards is None else {}
+    eval_rewards = [built[name] if name in built else build([name])[0] for name in cfg.eval.rewards]
     if task.train:  # a broken reward fails now, in seconds (an empty training set is refused below)
+        for _, fn in [*reward_fns, *eval_rewards]:  # a judge's template names only fields the examples have
+            if hasattr(fn, "check_fields"):
+                fn.check_fields(set(example_fields(task.train[:1])))
         probe_rewards(reward_fns, cfg.reward_weights, tokenizer, task.train[0],
                       multi_turn=cfg.rollout.environment != "single_turn")
+        for _, fn in reward_fns:  # the probe is not part of the first step's figures
+            if hasattr(fn, "take_figures"):
+                fn.take_figures()
     optimizer, scheduler = build_optimizer((p for p in trainable.parameters() if p.requires_grad), cfg.optim,
                                            cfg.train.lr, cfg.train.steps)
     reference_sync = ReferenceSync(policy, reference_copy, optimizer, every=a.ref_sync_every,
@@ -418,7 +435,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
                 resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox)),
-                to_yaml(cfg), reference_sync, sampling_dist)
+                to_yaml(cfg), reference_sync, sampling_dist, eval_rewards)
 
 
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
@@ -514,7 +531,8 @@ def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int,
     else:
         metrics = evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
                            max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist)
+                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist,
+                           rewards=run.eval_rewards)
     logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                  + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
     return metrics, {"perf/eval_seconds": time.perf_counter() - start}

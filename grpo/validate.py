@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import urllib.parse
 import warnings
 
@@ -90,6 +91,26 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
     return out
 
 
+def _check_judge(j) -> None:
+    """The judge's endpoint and parser, before anything starts (the template's fields are checked against the
+    data once it is loaded, grpo.trainer)."""
+    if not j.model:
+        raise ConfigError("judge.model is empty: name the model the judge asks for (with judge.launch, the model to "
+                          "serve, e.g. smollm2-135m-instruct)")
+    if bool(j.url) == bool(j.launch):
+        raise ConfigError("the judge needs an endpoint: set judge.url (an OpenAI-compatible base URL) or "
+                          "judge.launch=true (a local vLLM server of judge.model), not both" if j.url else
+                          "the judge needs an endpoint: set judge.url (an OpenAI-compatible base URL, e.g. "
+                          "http://127.0.0.1:8000/v1) or judge.launch=true (a local vLLM server of judge.model)")
+    if j.url and not j.url.startswith(("http://", "https://")):
+        raise ConfigError(f"judge.url={j.url!r} is not an http:// or https:// URL")
+    if j.parser == "number" and not j.min_score < j.max_score:
+        raise ConfigError(f"judge.min_score={j.min_score:g} must be less than judge.max_score={j.max_score:g}")
+    if j.api_key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", j.api_key_env):
+        raise ConfigError(f"judge.api_key_env={j.api_key_env!r} is not an environment variable's name (the key "
+                          "itself never goes into the config)")
+
+
 def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
     """Every rule that involves more than one field, each with one clear error. `world_size`: the number of
     processes (None: torchrun's WORLD_SIZE, or 1). `num_rewards`: how many Python reward functions replace
@@ -98,8 +119,12 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if not cfg.rewards:
         raise ConfigError("rewards is empty; name at least one reward function")
     for name in cfg.rewards:
-        resolve_reward(name, field="rewards")
+        resolve_reward(name, field="rewards", judge=cfg.judge)
     resolve_reward(cfg.eval.reward, field="eval.reward")
+    for name in cfg.eval.rewards:
+        resolve_reward(name, field="eval.rewards", judge=cfg.judge)
+    if "judge" in cfg.rewards or "judge" in cfg.eval.rewards:
+        _check_judge(cfg.judge)
     _check_reward_weights(cfg, num_rewards)
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="

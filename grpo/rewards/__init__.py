@@ -7,7 +7,8 @@ completion. A function returns one value per completion:
 - a list of steps `(end, reward)`: a process reward (DeepSeekMath §4.1.3), one reward per reasoning step, `end`
   being the character offset in the completion text just after the step (`text[:end]` ends with it);
 - `None`: "does not apply to this completion"; it is left out of the group statistics.
-One function returns floats or step lists, not both. Built-ins are named in `REWARDS`; any importable
+One function returns floats or step lists, not both. A function may be `async def` (TRL's convention): it is
+called the same way and awaited, all of a batch's asynchronous functions concurrently (`grpo.rewards.calls`). Built-ins are named in `REWARDS`; any importable
 `module:function` works too. `score` runs them; `grpo.collect` turns the scores into advantages.
 """
 from __future__ import annotations
@@ -20,8 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.errors import ConfigError, DataError, import_callable
+from grpo.errors import ConfigError, DataError, GRPOError, import_callable
+from grpo.rewards.calls import call, call_all
 from grpo.rewards.fields import example_fields
+from grpo.rewards.judge import NAME as JUDGE
+from grpo.rewards.model import PREFIX as RM_PREFIX
+from grpo.rewards.model import RewardModel
 
 RewardFn = Callable[..., list]
 
@@ -125,13 +130,21 @@ REWARDS: dict[str, RewardFn] = {"exact_match": exact_match, "last_number": last_
 
 
 def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int | None = None,
-                  overlong_buffer: int = 0, sandbox_limits=None) -> list[tuple[str, RewardFn]]:
+                  overlong_buffer: int = 0, sandbox_limits=None, reward_model=None, device: str = "cpu",
+                  judge=None, run_dir=None, vllm_cfg=None, seed: int = 0) -> list[tuple[str, RewardFn]]:
     """The config's reward functions as (name, function) pairs. `overlong` counts the tokens each completion
     generated (EOS included) against `max_new_tokens`, ramping over the last `overlong_buffer` tokens (a quarter
-    of max_new_tokens when 0). `code` runs under `sandbox_limits` (`grpo.sandbox.Limits`; None: the defaults)."""
+    of max_new_tokens when 0). `code` runs under `sandbox_limits` (`grpo.sandbox.Limits`; None: the defaults).
+    A reward model (`rm:<path>`) is loaded now, as `reward_model` (the config's `reward_model` section; None: its
+    defaults) says, on its device or else `device` (the policy's). The `judge` is set up by `judge` (the config's
+    `judge` section), a launched server's log going to `run_dir`, `vllm_cfg` sizing it."""
     out = []
     for name in names:
-        fn = resolve_reward(name, sandbox_limits=sandbox_limits)
+        fn = resolve_reward(name, sandbox_limits=sandbox_limits, reward_model=reward_model, device=device,
+                            judge=judge, run_dir=run_dir, vllm_cfg=vllm_cfg, seed=seed)
+        if isinstance(fn, RewardModel):
+            fn.load()
+            name = fn.__name__  # logged as reward/<its directory's name>
         if name == "overlong" and tokenizer is not None and max_new_tokens:
             from grpo.rewards.math_answers import make_overlong_penalty
             buffer = overlong_buffer or max(1, max_new_tokens // 4)  # at most max_new_tokens (grpo.validate)
@@ -144,10 +157,27 @@ def build_rewards(names: Sequence[str], *, tokenizer=None, max_new_tokens: int |
     return out
 
 
-def resolve_reward(name: str, *, field: str = "rewards", sandbox_limits=None) -> RewardFn:
-    """A built-in reward by name, or `module:function` imported; errors name the config field. `code` runs its
-    executions under `sandbox_limits` (`grpo.sandbox.Limits`, e.g. from the config's `sandbox.*`; None: the
-    defaults)."""
+def resolve_reward(name: str, *, field: str = "rewards", sandbox_limits=None, reward_model=None,
+                   device: str = "cpu", judge=None, run_dir=None, vllm_cfg=None, seed: int = 0) -> RewardFn:
+    """A built-in reward by name, `module:function` imported, `rm:<path>` a reward model (not yet loaded:
+    `RewardModel.load`), or `judge` an LLM judge (`grpo.rewards.judge`, set up by `judge`: the config's section;
+    None: its defaults); errors name the config field. `code` runs its executions under `sandbox_limits`
+    (`grpo.sandbox.Limits`, e.g. from the config's `sandbox.*`; None: the defaults)."""
+    if name == JUDGE:
+        if field == "eval.reward":
+            raise ConfigError(f"{field}: the judge's score is no verdict of 1 for a correct completion; decide "
+                              "correctness with a reward that gives one (last_number, math, ...)")
+        from grpo.config import JudgeConfig
+        from grpo.rewards.judge import Judge
+        return Judge(judge or JudgeConfig(), run_dir=run_dir, vllm_cfg=vllm_cfg, seed=seed)
+    if name.startswith(RM_PREFIX):
+        if field == "eval.reward":
+            raise ConfigError(f"{field}: {name!r} is a reward model, whose score is no verdict of 1 for a correct "
+                              "completion; decide correctness with a reward that gives one (last_number, math, ...)")
+        rm = reward_model
+        return RewardModel(name[len(RM_PREFIX):], field=field, device=(rm.device if rm else "") or device,
+                           bf16=rm.bf16 if rm else False, batch_size=rm.batch_size if rm else 32,
+                           max_length=rm.max_length if rm else 0)
     if name == "code" and sandbox_limits is not None:
         from grpo.rewards.code import make_code_reward
         return make_code_reward(sandbox_limits)
@@ -155,7 +185,7 @@ def resolve_reward(name: str, *, field: str = "rewards", sandbox_limits=None) ->
         return REWARDS[name]
     if ":" not in name:
         raise ConfigError(f"{field}: unknown reward {name!r}; built-in rewards are {', '.join(REWARDS)}, "
-                          "or give an importable 'module:function'")
+                          "or give an importable 'module:function', a reward model as 'rm:<path>', or 'judge'")
     return import_callable(name, field=field, what="reward")
 
 
@@ -166,6 +196,10 @@ def reward_name(fn: RewardFn) -> str:
 def recorded_name(fn: RewardFn) -> str:
     """How a reward function given from Python is named in its run's config (`rewards`): 'module:qualname', which
     `rewards` imports again when the function is defined at the top level of an importable module."""
+    if isinstance(fn, RewardModel):  # named in a config as it was given
+        return fn.spec
+    if type(fn).__name__ == "Judge" and type(fn).__module__ == "grpo.rewards.judge":
+        return JUDGE
     named = fn if hasattr(fn, "__qualname__") else type(fn)  # a callable object: its class
     return f"{getattr(named, '__module__', None) or type(fn).__module__}:{named.__qualname__}"
 
@@ -174,7 +208,7 @@ def _culprit(fn: RewardFn, prompts, completions, fields) -> int | None:
     """The first completion on which `fn` raises when called on it alone, if any."""
     for i in range(len(completions)):
         try:
-            fn(prompts=[prompts[i]], completions=[completions[i]], **{k: [v[i]] for k, v in fields.items()})
+            call(fn, prompts=[prompts[i]], completions=[completions[i]], **{k: [v[i]] for k, v in fields.items()})
         except Exception:
             return i
     return None
@@ -208,11 +242,13 @@ def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[floa
     weights = [1.0] * len(named) if weights is None else list(weights)
     n = len(completions)
     per_fn, weighted, outcome, steps = {}, [], [], [[] for _ in range(n)]
-    for (name, fn), w in zip(named, weights, strict=True):
+    # every `async def` function is awaited concurrently while the plain ones run (grpo.rewards.calls)
+    called = call_all([fn for _, fn in named], {"prompts": list(prompts), "completions": list(completions), **fields})
+    for (name, fn), w, (values, e) in zip(named, weights, called, strict=True):
         name = _unique(name, per_fn)
-        try:
-            values = fn(prompts=list(prompts), completions=list(completions), **fields)
-        except Exception as e:  # a user's function: say which one, and on which example
+        if isinstance(e, GRPOError):  # one line of its own (a judge that failed, a template it cannot fill)
+            raise e
+        if e is not None:  # a user's function: say which one, and on which example
             i = _culprit(fn, prompts, completions, fields)
             where = (f"on prompt {prompts[i]!r} with completion {completions[i]!r}" if i is not None
                      else f"on a batch starting with prompt {prompts[0]!r}")

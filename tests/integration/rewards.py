@@ -1,5 +1,6 @@
 """Reward functions for the integration tests, importable as `tests.integration.rewards:<name>` from a config
 (the subprocess runs start in the repository root)."""
+import asyncio
 
 
 def starts_below_digits(prompts, completions, **_):
@@ -13,6 +14,12 @@ def odd_length(prompts, completions, **_):
     """1.0 for a completion of an odd number of characters, else 0.0: groups of a real model's completions get
     rewards that differ, so a step has a policy gradient whatever the model knows."""
     return [float(len(c) % 2) for c in completions]
+
+
+async def odd_length_async(prompts, completions, **_):
+    """`odd_length` as an `async def` function (TRL's convention for rewards that wait on a server)."""
+    await asyncio.sleep(0)
+    return odd_length(prompts, completions)
 
 
 def never_applies(prompts, completions, **_):

@@ -59,6 +59,18 @@ def test_process_reward_raises_held_out_accuracy(tmp_path):
     assert after >= before + 0.15, (before, after)
 
 
+@pytest.mark.slow  # 20 steps of a bundled model, scored by the bundled reward model
+def test_a_reward_model_alone_raises_held_out_accuracy(tmp_path):
+    # the shipped tiny_rm job, shortened: the policy never reads an answer, only the tiny reward model's score;
+    # held-out accuracy is still judged against the answers
+    result = train(load_config("grpo/configs/tiny_rm.yaml", [f"train.output_dir={tmp_path}", *short(20, 400)]))
+    before, after = result.initial_eval["eval/accuracy"], result.final_eval["eval/accuracy"]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert "reward/tiny-rm" in rows[1] and "reward/last_number" not in rows[1]
+    assert sum(r["sampling/reward_mean"] for r in rows[-10:]) > sum(r["sampling/reward_mean"] for r in rows[1:11])
+    assert after >= before + 0.10, (before, after)  # the shipped job: +17.6 points on 760 problems
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 def test_two_processes_learn_as_one(tmp_path, one_process_run):

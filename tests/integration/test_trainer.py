@@ -1,5 +1,6 @@
 """Trainer equivalences on a small random model: micro-batches change nothing, same seed gives the same run."""
 import json
+import math
 
 import pytest
 import torch
@@ -125,6 +126,34 @@ def test_python_reward_callables(tmp_path, random_model_dir):
     rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert seen["n"] == 12 and seen["task"] <= {"arithmetic", "linear"}
     assert rows[1]["reward/always_one"] == 1.0 and rows[1]["adv/std_zero_frac"] == 1.0
+
+
+def test_an_async_reward_from_the_config_trains_as_its_plain_twin(tmp_path, random_model_dir):
+    plain = run(tmp_path, random_model_dir, "plain", "rewards=[tests.integration.rewards:odd_length]")
+    later = run(tmp_path, random_model_dir, "async", "rewards=[tests.integration.rewards:odd_length_async]")
+    renamed = [{k.replace("odd_length_async", "odd_length"): v for k, v in r.items()} for r in later[2]]
+    assert_same_run(plain, (later[0], later[1], renamed))
+    assert later[2][1]["reward/tests.integration.rewards:odd_length_async"] > 0
+    assert later[2][1]["adv/std_zero_frac"] < 1
+
+
+def test_a_reward_model_rewards_a_run_and_is_never_trained(tmp_path, random_model_dir):
+    import yaml
+
+    from grpo.rewards.model import RewardModel
+    from tests.unit.test_reward_model import _save
+    rm = _save(tmp_path / "my-rm")
+    _, _, rows = run(tmp_path, random_model_dir, "r", f"rewards=[rm:{rm},last_number]", "reward_weights=[1.0,0.0]",
+                     "log.samples_every=1", f"eval.rewards=[rm:{rm}]")
+    # eval.rewards: its mean score of the held-out greedy completions, before and after
+    assert all(math.isfinite(rows[i]["eval/reward/my-rm"]) for i in (0, -1))
+    assert rows[1]["reward/my-rm"] == pytest.approx(rows[1]["reward/mean"]) and rows[2]["adv/std_zero_frac"] < 1
+    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["rewards"] == [f"rm:{rm}", "last_number"]
+    # the last step's samples score as a fresh copy of the reward model scores them: it did not move in training
+    last = [json.loads(x) for x in (tmp_path / "r" / "samples.jsonl").read_text().splitlines()]
+    last = [x for x in last if x["step"] == 2]
+    fresh = RewardModel(str(rm))(prompts=[x["prompt"] for x in last], completions=[x["completion"] for x in last])
+    assert [x["reward/my-rm"] for x in last] == pytest.approx(fresh, abs=1e-5) and len(last) == 8
 
 
 def test_a_run_config_names_its_python_rewards_and_a_resume_refuses_others(tmp_path, random_model_dir):

@@ -39,17 +39,42 @@ def test_bundled_model_and_report():
     assert held["eval/pass@8"] >= held["eval/accuracy"] + 0.3      # ... but the right answer is often sampled
 
 
-def test_build_script_runs(tmp_path, monkeypatch):
-    # in this process (the script as `python scripts/build_tiny_model.py ...` runs it), its thread count put back;
-    # small batches: the warm start's work is not what is tested here
-    monkeypatch.setattr(sys, "argv", ["build_tiny_model.py", "--out", str(tmp_path), "--steps", "3", "--eval-size", "4",
-                                      "--batch-size", "8"])
+def run_script(monkeypatch, name: str, *argv: str) -> None:
+    """scripts/<name> in this process, as `python scripts/<name> argv...` runs it, its thread count put back."""
+    monkeypatch.setattr(sys, "argv", [name, *argv])
     monkeypatch.setattr(sys, "path", list(sys.path))
     threads = torch.get_num_threads()
     try:
-        runpy.run_path(str(ROOT / "scripts" / "build_tiny_model.py"), run_name="__main__")
+        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_build_script_runs(tmp_path, monkeypatch):
+    # small batches: the warm start's work is not what is tested here
+    run_script(monkeypatch, "build_tiny_model.py", "--out", str(tmp_path), "--steps", "3", "--eval-size", "4",
+               "--batch-size", "8")
     report = json.loads((tmp_path / "warmstart.json").read_text())
     assert report["parameters"] > 0 and "eval/pass@8" in report["held_out"]
     assert transformers.AutoModelForCausalLM.from_pretrained(tmp_path) is not None
+
+
+def test_bundled_reward_model_and_its_report():
+    from grpo.tiny import TINY_RM_DIR
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(TINY_RM_DIR)
+    assert type(model).__name__ == "Qwen2ForSequenceClassification" and model.config.num_labels == 1
+    assert (TINY_RM_DIR / "model.safetensors").stat().st_size < 5 * 2**20
+    report = json.loads((TINY_RM_DIR / "rm.json").read_text())
+    # on completions the policy samples for held-out problems: mostly right about them, and it ranks a right
+    # completion above a wrong one of the same problem far more often than its untrained head did
+    assert report["held_out"]["accuracy"] >= 0.75 and report["held_out"]["pairwise"] >= 0.85
+    assert report["held_out_before"]["pairwise"] < 0.6
+    assert report["held_out_written"]["completions"] > 0  # and on written workings (the exploits it learnt from)
+
+
+def test_reward_model_build_script_runs(tmp_path, monkeypatch):
+    run_script(monkeypatch, "build_tiny_rm.py", "--out", str(tmp_path), "--prompts", "16", "--samples", "4",
+               "--eval-prompts", "8", "--steps", "3", "--batch-size", "8")
+    report = json.loads((tmp_path / "rm.json").read_text())
+    assert report["held_out"]["completions"] == 32 and 0 <= report["held_out"]["accuracy"] <= 1
+    assert transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path).config.num_labels == 1
