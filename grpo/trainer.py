@@ -371,6 +371,19 @@ class _Run:
 
 
 def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
+    """The run's objects (`_built`); a reward that holds a process of its own (a judge's launched server, started
+    by the probe of the rewards) is stopped if the rest of the build fails."""
+    made: list = []
+    try:
+        return _built(cfg, rewards, dist, made)
+    except BaseException:
+        for fn in made:
+            if hasattr(fn, "close"):
+                fn.close()
+        raise
+
+
+def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list) -> _Run:
     """Model, reference, generator, environment, rewards, optimiser and data, each from its config section."""
     m, a, c = cfg.model, cfg.algo, cfg.compute
     task = load_task(cfg.data, cfg.train.seed)
@@ -402,6 +415,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     # eval.rewards: a reward the training also takes is the same object (one reward model loaded, one judge)
     built = dict(zip(cfg.rewards, reward_fns)) if rewards is None else {}
     eval_rewards = [built[name] if name in built else build([name])[0] for name in cfg.eval.rewards]
+    made.extend(fn for _, fn in [*reward_fns, *eval_rewards])
     if task.train:  # a broken reward fails now, in seconds (an empty training set is refused below)
         for _, fn in [*reward_fns, *eval_rewards]:  # a judge's template names only fields the examples have
             if hasattr(fn, "check_fields"):

@@ -9,6 +9,7 @@ help (`registry_names`). It stands above the registries it reads; grpo.config im
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
@@ -91,7 +92,7 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
     return out
 
 
-def _check_judge(j) -> None:
+def _check_judge(j, world: int) -> None:
     """The judge's endpoint and parser, before anything starts (the template's fields are checked against the
     data once it is loaded, grpo.trainer)."""
     if not j.model:
@@ -102,8 +103,12 @@ def _check_judge(j) -> None:
                           "judge.launch=true (a local vLLM server of judge.model), not both" if j.url else
                           "the judge needs an endpoint: set judge.url (an OpenAI-compatible base URL, e.g. "
                           "http://127.0.0.1:8000/v1) or judge.launch=true (a local vLLM server of judge.model)")
-    if j.url and not j.url.startswith(("http://", "https://")):
-        raise ConfigError(f"judge.url={j.url!r} is not an http:// or https:// URL")
+    if j.url and (not j.url.startswith(("http://", "https://")) or not urllib.parse.urlsplit(j.url).hostname):
+        raise ConfigError(f"judge.url={j.url!r} is not an http:// or https:// URL with a host")
+    if j.launch and world > 1:
+        raise ConfigError("judge.launch starts a server in each process, and under torchrun they would share one "
+                          "device and log; start one judge server (python -m grpo.rollout.vllm_cli serve MODEL) and "
+                          "give its URL as judge.url")
     if j.parser == "number" and not j.min_score < j.max_score:
         raise ConfigError(f"judge.min_score={j.min_score:g} must be less than judge.max_score={j.max_score:g}")
     if j.api_key_env and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", j.api_key_env):
@@ -124,7 +129,15 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     for name in cfg.eval.rewards:
         resolve_reward(name, field="eval.rewards", judge=cfg.judge)
     if "judge" in cfg.rewards or "judge" in cfg.eval.rewards:
-        _check_judge(cfg.judge)
+        _check_judge(cfg.judge, world)
+    if any(n.startswith("rm:") for n in [*cfg.rewards, *cfg.eval.rewards]) and cfg.reward_model.device:
+        try:
+            kind = importlib.import_module("torch").device(cfg.reward_model.device).type
+        except RuntimeError:
+            raise ConfigError(f"reward_model.device={cfg.reward_model.device!r} is not a device (cpu, cuda, cuda:1, "
+                              "...); empty: the policy's") from None
+        if kind == "cuda" and not importlib.import_module("torch").cuda.is_available():
+            raise ConfigError(f"reward_model.device={cfg.reward_model.device!r} but PyTorch sees no CUDA device")
     _check_reward_weights(cfg, num_rewards)
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="

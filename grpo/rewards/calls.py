@@ -58,14 +58,15 @@ def call(fn: Callable, **kwargs) -> object:
 def call_all(fns: Sequence[Callable], kwargs: dict) -> list[tuple[object, BaseException | None]]:
     """Every function's (values, exception) for the same keyword arguments: the asynchronous ones concurrently on
     the event loop while the plain ones run here, in order."""
-    started: dict[int, Future] = {i: _submit(_awaited(fn, kwargs)) for i, fn in enumerate(fns) if is_async(fn)}
+    own = [_own(kwargs) for _ in fns]  # each its own lists: one that edits them in place changes no other's
+    started: dict[int, Future] = {i: _submit(_awaited(fn, own[i])) for i, fn in enumerate(fns) if is_async(fn)}
     out: list[tuple[object, BaseException | None]] = []
     for i, fn in enumerate(fns):
         if i in started:
             out.append((None, None))
             continue
         try:
-            got = fn(**kwargs)
+            got = fn(**own[i])
             if inspect.isawaitable(got):  # a plain function that hands back an awaitable
                 got = run(got)
             out.append((got, None))
@@ -77,6 +78,10 @@ def call_all(fns: Sequence[Callable], kwargs: dict) -> list[tuple[object, BaseEx
         except Exception as e:  # noqa: BLE001
             out[i] = (None, e)
     return out
+
+
+def _own(kwargs: dict) -> dict:
+    return {k: list(v) if isinstance(v, list) else v for k, v in kwargs.items()}
 
 
 async def _awaited(fn: Callable, kwargs: dict):

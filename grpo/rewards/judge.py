@@ -178,7 +178,7 @@ class Judge:
                 raise Failure(f"HTTP {r.status_code} from {self.url + path}: {r.text[:200]}")
             try:
                 return self.parse(r.json())
-            except (ValueError, KeyError, IndexError, TypeError) as e:
+            except Exception as e:  # noqa: BLE001 - any answer of the wrong shape is this completion's failure
                 raise Failure(f"an answer it could not read ({type(e).__name__}: {str(e)[:200]})") from None
         raise Failure(f"{self.url + path}: {reason} (after {cfg.retries} retries)")
 
@@ -254,9 +254,10 @@ class Judge:
                 atexit.register(self.server.stop, 5.0)
 
     def close(self) -> None:
-        """Stop a launched server (idempotent)."""
+        """Stop a launched server (idempotent); a later call launches a new one."""
         if self.server is not None:
             self.server.stop(grace=5.0)
+            self.server, self.url = None, self.cfg.url.rstrip("/")
 
 
 def launch_judge(cfg, *, run_dir: Path | None, vllm_cfg, seed: int = 0):
@@ -276,15 +277,18 @@ def launch_judge(cfg, *, run_dir: Path | None, vllm_cfg, seed: int = 0):
     local = Path(source).expanduser()
     model = str(local.resolve()) if local.exists() else source
     host, port = "127.0.0.1", free_port("127.0.0.1")
+    import torch
+    gpu = torch.cuda.is_available()
     cmd = [sys.executable, "-m", "grpo.rollout.vllm_cli", "serve", model, "--host", host, "--port", str(port),
-           "--served-model-name", cfg.model, "--dtype", "float32", "--seed", str(seed), "--max-model-len",
-           str(cfg.max_model_len), "--no-enable-prefix-caching", "--disable-log-stats", "--disable-uvicorn-access-log",
-           "--enforce-eager", "--max-logprobs", "20"]
+           "--served-model-name", cfg.model, "--dtype", "auto" if gpu else "float32", "--seed", str(seed),
+           "--max-model-len", str(cfg.max_model_len), "--no-enable-prefix-caching", "--disable-log-stats",
+           "--disable-uvicorn-access-log", "--max-logprobs", "20"]
+    if vllm_cfg is None or vllm_cfg.enforce_eager:
+        cmd.append("--enforce-eager")
     env = {"VLLM_LOGGING_LEVEL": "INFO", "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND",
                                                                                     "nobind"),
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    import torch
-    if torch.cuda.is_available():
+    if gpu:
         cmd += ["--gpu-memory-utilization", str(vllm_cfg.gpu_memory_utilization if vllm_cfg else 0.3)]
     else:
         cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(cfg.max_model_len, 8192))]
@@ -301,7 +305,8 @@ def launch_judge(cfg, *, run_dir: Path | None, vllm_cfg, seed: int = 0):
                      cfg.startup_timeout_s)
     except GRPOError as e:
         server.stop(grace=5.0)
-        raise JudgeError(f"the judge's server for judge.model={cfg.model!r} did not start: {e}") from None
+        why = str(e).replace("vllm_server.startup_timeout_s", "judge.startup_timeout_s")
+        raise JudgeError(f"the judge's server for judge.model={cfg.model!r} did not start: {why}") from None
     except BaseException:
         server.stop(grace=5.0)
         raise

@@ -73,10 +73,9 @@ class RewardModel:
             model = AutoModelForSequenceClassification.from_pretrained(source, dtype=dtype)
         except (OSError, ValueError, RuntimeError) as e:
             raise ConfigError(f"{where}: cannot load its weights ({_first_line(e)})") from None
-        if model.config.pad_token_id is None:  # it finds each row's last token by the padding
-            model.config.pad_token_id = tokenizer.pad_token_id
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise DataError(f"reward_model.device='cuda' but PyTorch sees no CUDA device")
+        model.config.pad_token_id = tokenizer.pad_token_id  # it finds each row's last token by the padding
+        if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
+            raise DataError(f"reward_model.device={self.device!r} but PyTorch sees no CUDA device")
         model.to(self.device).eval().requires_grad_(False)
         tokenizer.padding_side = "right"
         tokenizer.truncation_side = "left"  # a long input keeps the completion, which the score reads last
@@ -100,10 +99,12 @@ class RewardModel:
         self.load()
         texts = self.texts(prompts, completions, messages)
         limit = self.max_length or _context(self.model, self.tokenizer)
+        templated = bool(getattr(self.tokenizer, "chat_template", None))  # the template wrote its special tokens
         scores: list[float] = []
         for i in range(0, len(texts), self.batch_size):
             batch = self.tokenizer(texts[i:i + self.batch_size], padding=True, truncation=limit is not None,
-                                   max_length=limit, return_tensors="pt").to(self.device)
+                                   max_length=limit, return_tensors="pt",
+                                   add_special_tokens=not templated).to(self.device)
             logits = self.model(**batch).logits  # (B, 1)
             scores += logits[:, 0].float().tolist()
         return scores

@@ -109,3 +109,18 @@ def test_evaluation_takes_an_async_reward():
 
     ok = _correct(exact_later, [Example("p", "5"), Example("q", "4")], [" 5", " 6"], 1)
     assert ok[:, 0].tolist() == [True, False]
+
+
+def test_each_reward_gets_lists_of_its_own():
+    def greedy(prompts, completions, **_):
+        completions[:] = ["x"] * len(completions)  # a reward that edits its argument in place
+        return [0.0] * len(completions)
+
+    async def later(prompts, completions, **_):
+        return [float(c == " 5") for c in completions]
+
+    def plain(prompts, completions, **_):
+        return [float(c == " 5") for c in completions]
+
+    s = score([greedy, later, plain], None, PROMPTS, COMPLETIONS, FIELDS)
+    assert s.per_fn["later"].tolist() == s.per_fn["plain"].tolist() == [1.0, 0.0, 0.0]

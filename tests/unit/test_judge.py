@@ -1,7 +1,7 @@
 """The LLM judge's parts that need no model: its parsers on answers in the OpenAI shapes, its template, its
 validation, and how it meets an endpoint that misbehaves (down, slow, failing then answering, malformed JSON,
 answers it cannot read, scores out of range), served here by a small local HTTP server on 127.0.0.1. A real judge
-model (SmolLM2-135M-Instruct on a real vLLM server): tests/integration/test_judge.py."""
+model (SmolLM2-135M-Instruct on a real vLLM server): tests/integration/test_judge_server.py."""
 import asyncio
 import json
 import threading
@@ -82,6 +82,7 @@ def test_the_template_is_filled_with_the_examples_fields():
     (["judge.model=m"], "the judge needs an endpoint: set judge.url"),
     (["judge.model=m", "judge.url=http://x/v1", "judge.launch=true"], "not both"),
     (["judge.model=m", "judge.url=localhost:8000"], "is not an http:// or https:// URL"),
+    (["judge.model=m", "judge.url=http://"], "is not an http:// or https:// URL with a host"),
     (["judge.model=m", "judge.url=http://x/v1", "judge.parser=number", "judge.min_score=5", "judge.max_score=5"],
      "judge.min_score=5 must be less than judge.max_score=5"),
     (["judge.model=m", "judge.url=http://x/v1", "judge.api_key_env=sk-123"], "is not an environment variable's name"),
@@ -127,7 +128,8 @@ class Endpoint:
                     self.end_headers()
                     return
                 text = {"ok": "Yes, 7", "maybe": "Maybe", "eleven": "11"}.get(what)  # "ok": any parser reads it
-                raw = b"{not json" if what == "garbage" else json.dumps(chat(text, top=[("Yes", 0.0)])).encode()
+                raw = (b"{not json" if what == "garbage" else b'{"choices": ["x"]}' if what == "odd"
+                       else json.dumps(chat(text, top=[("Yes", 0.0)])).encode())
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
@@ -185,6 +187,7 @@ def test_retries_with_backoff_then_an_answer(endpoint):
     (["500"], {"retries": 1, "backoff_s": 0.01}, "HTTP 500 (after 1 retries)"),
     (["slow"], {"timeout_s": 0.1, "retries": 0}, "no answer within judge.timeout_s=0.1 s"),
     (["garbage"], {}, "an answer it could not read"),
+    (["odd"], {}, "an answer it could not read (AttributeError"),  # JSON of another shape
     (["maybe"], {"parser": "yes_no"}, "neither yes nor no"),
     (["eleven"], {"parser": "number"}, "outside [judge.min_score, judge.max_score] = [0, 10]"),
 ])
@@ -225,3 +228,23 @@ def test_the_judge_keeps_up_to_its_limit_of_requests_in_flight(endpoint, concurr
     j = judge(url=e.url, concurrency=concurrency, timeout_s=30)
     assert ask(j, [str(i) for i in range(8)]) == [1.0] * 8
     assert e.most_open == concurrency and asyncio.iscoroutinefunction(type(j).__call__)
+
+
+def test_judge_launch_under_torchrun_is_refused():
+    from grpo.validate import validate
+    with pytest.raises(ConfigError, match="judge.launch starts a server in each process"):
+        validate(load_config(None, ["rewards=[judge]", "judge.launch=true", "judge.model=m"]), world_size=2)
+
+
+def test_a_closed_judge_launches_again_on_its_next_request():
+    class Server:
+        stopped = 0
+
+        def stop(self, grace):
+            Server.stopped += 1
+
+    j = judge(launch=True, url="")
+    j.server, j.url = Server(), "http://127.0.0.1:1/v1"
+    j.close()
+    j.close()  # idempotent
+    assert Server.stopped == 1 and j.server is None and j.url == ""

@@ -57,10 +57,15 @@ def test_every_listed_key_exists_and_is_named_in_the_error():
 # the rule as key patterns, before each option declared its class: the declarations give the same keys
 PATTERNS = {"free": ("train.steps", "train.save_every", "train.keep_last", "train.resume", "train.overwrite",
                      "train.output_dir", "train.max_nonfinite_steps", "eval.every", "log.", "vllm.timeout_s",
-                     "vllm_server."),  # added since: where the servers are (they sample the same rows)
+                     "vllm_server.",  # added since: where the servers are (they sample the same rows)
+                     # the judge's endpoint and how it is asked (not what: its model, template and parser stay),
+                     # and what more evaluation logs
+                     "judge.url", "judge.launch", "judge.api_key_env", "judge.concurrency", "judge.timeout_s",
+                     "judge.retries", "judge.backoff_s", "judge.max_failure_frac", "judge.startup_timeout_s",
+                     "eval.rewards"),
             "rounding": ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads",
                          "compute.sharding", "model.gradient_checkpointing", "vllm.gpu_memory_utilization",
-                         "vllm.kv_cache_gib")}
+                         "vllm.kv_cache_gib", "vllm.threads", "reward_model.device", "reward_model.batch_size")}
 
 
 def test_the_declared_classes_are_the_rule_as_it_was():

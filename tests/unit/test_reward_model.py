@@ -115,3 +115,38 @@ def test_grpo_eval_reports_a_reward_models_mean_score(rm_dir, random_model_dir, 
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout)
     assert got["examples"] == 4 and isinstance(got["eval/reward/my-rm"], float)
+
+
+@pytest.mark.parametrize("device, says", [("gpu", "is not a device"), ("cuda:1", "PyTorch sees no CUDA device")])
+def test_a_reward_model_device_that_cannot_be_is_one_line(device, says):
+    from grpo.config import load_config
+    if torch.cuda.is_available() and device == "cuda:1":
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(ConfigError, match=says):
+        load_config(None, ["rewards=[rm:x]", f"reward_model.device={device}"])
+
+
+def test_a_failed_build_stops_what_a_reward_started(random_model_dir, tmp_path, monkeypatch):
+    import grpo.trainer as trainer
+    from grpo.config import load_config
+
+    class Holder:
+        """A reward holding a process of its own (as a launched judge does)."""
+        __name__ = "holder"
+        closed = 0
+
+        def __call__(self, prompts, completions, **_):
+            return [0.0] * len(completions)
+
+        def close(self):
+            Holder.closed += 1
+
+    def broken(*a, **kw):
+        raise DataError("the engine could not start")
+
+    from grpo.errors import DataError
+    monkeypatch.setattr(trainer, "build_generator", broken)  # after the rewards are built and probed
+    cfg = load_config(None, [f"model.path={random_model_dir}", f"train.output_dir={tmp_path / 'r'}", "train.steps=1"])
+    with pytest.raises(DataError, match="the engine could not start"):
+        trainer.train(cfg, rewards=[Holder()])
+    assert Holder.closed == 1
