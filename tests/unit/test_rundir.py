@@ -122,15 +122,20 @@ def test_replace_dir_puts_back_a_model_moved_aside_by_a_killed_save(tmp_path):
     assert (tmp_path / "model" / "w").read_text() == "old" and sorted(os.listdir(tmp_path)) == ["model"]
 
 
-# a process that takes the lock of a directory and forks a child (as a run's helpers may), both then waiting
+# a process that takes the lock of a directory and forks a child (as a run's helpers may), both then waiting; the
+# child says it runs before the parent names it, since until the child's at-fork handler has closed its copy of
+# the lock's file it still holds the lock (on a busy machine the parent could be killed before the child ran)
 HOLDER = """
 import os, sys, time
 from grpo.rundir import RunLock
 lock = RunLock(sys.argv[1])
+r, w = os.pipe()
 child = os.fork()
 if child == 0:
+    os.write(w, b"x")  # fork() has returned here: the at-fork handlers have run
     time.sleep(120)
     os._exit(0)
+os.read(r, 1)
 print(child, flush=True)
 time.sleep(120)
 """
