@@ -211,7 +211,7 @@ def _load(cfg):
 
 def _eval(cfg, args) -> int:
     from grpo.evaluation import evaluate
-    from grpo.rewards import build_rewards, resolve_reward
+    from grpo.rewards import build_rewards, close_rewards, resolve_reward
     from grpo.sandbox import Limits
 
     generator, environment, task = _load(cfg)
@@ -224,9 +224,7 @@ def _eval(cfg, args) -> int:
         more = build_rewards(cfg.eval.rewards, sandbox_limits=Limits.from_config(cfg.sandbox),
                              reward_model=cfg.reward_model, device=_device(cfg.model.device),
                              judge=cfg.judge, vllm_cfg=cfg.vllm, seed=cfg.train.seed)
-        for _, fn in more:  # a judge's launched server stops with the command
-            if hasattr(fn, "close"):
-                stack.callback(fn.close)
+        stack.callback(close_rewards, [fn for _, fn in more])  # a judge's launched server stops with the command
         metrics = evaluate(environment, generator, examples, correct,
                            max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                            temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,

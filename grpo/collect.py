@@ -41,7 +41,7 @@ from grpo.envs.base import episode_fields
 from grpo.errors import DataError
 from grpo.rewards import example_fields
 from grpo.experience import Experience, trained_tokens
-from grpo.rewards import score
+from grpo.rewards import score, take_figures
 from grpo.rollout import Rollout
 from grpo.rows import Rows, column
 from grpo.sampling import Sampled, Sampler, sample
@@ -114,10 +114,7 @@ def collect(c: Collector, stream: PromptStream, dist: Dist) -> Experience:
 def _reward_figures(c: Collector, dist: Dist) -> dict[str, float]:
     """The figures reward functions keep of the step's scoring (`take_figures`: a judge's failures, requests and
     seconds), summed over processes (seconds: the longest), in one collective; none without such a function."""
-    mine: dict[str, float] = {}
-    for _, fn in c.rewards:
-        for k, v in (fn.take_figures() if hasattr(fn, "take_figures") else {}).items():
-            mine[k] = mine.get(k, 0.0) + v
+    mine = take_figures(fn for _, fn in c.rewards)
     if not mine:
         return {}
     keys = sorted(mine)

@@ -11,7 +11,7 @@ import torch
 from grpo.distributed import Dist
 from grpo.envs.base import episode_fields
 from grpo.errors import DataError
-from grpo.rewards import RewardFn, example_fields, reward_name, score
+from grpo.rewards import RewardFn, example_fields, reward_name, score, take_figures
 from grpo.rewards.calls import call
 from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
@@ -54,9 +54,7 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
                        {**example_fields(mine, 1), **episode_fields(greedy)})
         for name, values in scores.per_fn.items():
             metrics[f"eval/reward/{name}"] = dist.gather(values.double().cpu())[:n].nanmean().item()
-        for _, fn in rewards:  # a judge's requests here are not a training step's
-            if hasattr(fn, "take_figures"):
-                fn.take_figures()
+        take_figures(fn for _, fn in rewards)  # a judge's requests here are not a training step's
     families = defaultdict(list)
     for e, c in zip(examples, ok.tolist()):
         if "task" in e.fields:

@@ -44,7 +44,8 @@ from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
-from grpo.rewards import RewardFn, build_rewards, example_fields, recorded_name, resolve_reward, reward_name
+from grpo.rewards import (RewardFn, build_rewards, close_rewards, example_fields, recorded_name, resolve_reward,
+                          reward_name, take_figures)
 from grpo.rundir import RunLock, claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling, snapshot_weights
@@ -142,9 +143,8 @@ def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path,
         with contextlib.ExitStack() as stack:  # an engine of its own (vLLM) is shut down however the run ends
             if hasattr(run.generator, "close"):
                 stack.callback(run.generator.close)
-            for _, fn in {id(f): (n, f) for n, f in [*run.collector.rewards, *run.eval_rewards]}.values():
-                if hasattr(fn, "close"):  # and a judge's launched server
-                    stack.callback(fn.close)
+            # and a judge's launched server
+            stack.callback(close_rewards, [fn for _, fn in [*run.collector.rewards, *run.eval_rewards]])
             return _train(cfg, run, dist, out, started, ckpt)
     except BaseException as e:
         if writing and ckpt is None and dist.is_main:  # a new run that failed before its first step leaves nothing
@@ -377,9 +377,7 @@ def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
     try:
         return _built(cfg, rewards, dist, made)
     except BaseException:
-        for fn in made:
-            if hasattr(fn, "close"):
-                fn.close()
+        close_rewards(made)
         raise
 
 
@@ -422,9 +420,7 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list) 
                 fn.check_fields(set(example_fields(task.train[:1])))
         probe_rewards(reward_fns, cfg.reward_weights, tokenizer, task.train[0],
                       multi_turn=cfg.rollout.environment != "single_turn")
-        for _, fn in reward_fns:  # the probe is not part of the first step's figures
-            if hasattr(fn, "take_figures"):
-                fn.take_figures()
+        take_figures(fn for _, fn in reward_fns)  # the probe is not part of the first step's figures
     optimizer, scheduler = build_optimizer((p for p in trainable.parameters() if p.requires_grad), cfg.optim,
                                            cfg.train.lr, cfg.train.steps)
     reference_sync = ReferenceSync(policy, reference_copy, optimizer, every=a.ref_sync_every,

@@ -8,8 +8,10 @@ completion. A function returns one value per completion:
   being the character offset in the completion text just after the step (`text[:end]` ends with it);
 - `None`: "does not apply to this completion"; it is left out of the group statistics.
 One function returns floats or step lists, not both. A function may be `async def` (TRL's convention): it is
-called the same way and awaited, all of a batch's asynchronous functions concurrently (`grpo.rewards.calls`). Built-ins are named in `REWARDS`; any importable
-`module:function` works too. `score` runs them; `grpo.collect` turns the scores into advantages.
+called the same way and awaited, all of a batch's asynchronous functions concurrently (`grpo.rewards.calls`).
+Built-ins are named in `REWARDS`; any importable `module:function` works too, `rm:<path>` a reward model
+(`grpo.rewards.model`) and `judge` an LLM judge (`grpo.rewards.judge`). `score` runs them; `grpo.collect` turns
+the scores into advantages.
 """
 from __future__ import annotations
 
@@ -187,6 +189,23 @@ def resolve_reward(name: str, *, field: str = "rewards", sandbox_limits=None, re
         raise ConfigError(f"{field}: unknown reward {name!r}; built-in rewards are {', '.join(REWARDS)}, "
                           "or give an importable 'module:function', a reward model as 'rm:<path>', or 'judge'")
     return import_callable(name, field=field, what="reward")
+
+
+def take_figures(fns) -> dict[str, float]:
+    """What the reward functions `fns` kept of their calls since last asked (`take_figures()`: a judge's failures,
+    requests and seconds), summed over the functions, and forgotten by them; {} when none keeps any."""
+    out: dict[str, float] = {}
+    for fn in fns:
+        for k, v in (fn.take_figures() if hasattr(fn, "take_figures") else {}).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def close_rewards(fns) -> None:
+    """Stop what reward functions hold (`close()`: a judge's launched server), each object once."""
+    for fn in {id(f): f for f in fns}.values():
+        if hasattr(fn, "close"):
+            fn.close()
 
 
 def reward_name(fn: RewardFn) -> str:

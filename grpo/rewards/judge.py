@@ -134,7 +134,7 @@ class Judge:
         return scores
 
     def render(self, prompt: str, completion: str, fields: dict) -> str:
-        values = {**{k: v for k, v in fields.items()}, "prompt": prompt, "completion": completion}
+        values = {**fields, "prompt": prompt, "completion": completion}
         try:
             return self.cfg.template.format_map(values)
         except KeyError as e:
