@@ -1,6 +1,6 @@
 """Asynchronous rollouts (`rollout.max_staleness` = k ≥ 1; SPEC 14.1 and 14.13, docs/async.md): a `Lane` samples,
-scores and chooses each step's batch (`grpo.collect.collect`, steps 1–4 of the loop) on a thread of its own while
-the trainer learns from the batches before it.
+scores and chooses each step's batch (`grpo.collect.collect`, which the trainer hands it; steps 1–4 of the loop) on
+a thread of its own while the trainer learns from the batches before it.
 
 The schedule is a function of k alone. Versions count training steps (the generator's `version`: 0 as built, t
 after step t). Batch s is sampled by version max(0, s − 1 − k), so while step t trains, the lane samples batch
@@ -35,7 +35,6 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.collect import Collector, collect
 from grpo.data import PromptStream
 from grpo.distributed import Dist
 from grpo.experience import Experience
@@ -73,15 +72,16 @@ class Lane:
     """The sampling thread of an asynchronous run: batches first..last, and evaluations after the steps in
     `eval_steps`, in the order the module docstring gives."""
 
-    def __init__(self, collector: Collector, stream: PromptStream, generator, dist: Dist, *, k: int, mode: str,
-                 first: int, last: int, eval_steps: set[int], evaluate: Callable[[Dist], dict],
-                 weights: dict[int, dict]):
-        """`dist`: the lane's own `Dist` (`Dist.own_group`). `weights`: the versions that sample the first
+    def __init__(self, collect: Callable[[PromptStream, Dist], Experience], stream: PromptStream, generator,
+                 dist: Dist, *, k: int, mode: str, first: int, last: int, eval_steps: set[int],
+                 evaluate: Callable[[Dist], dict], weights: dict[int, dict]):
+        """`collect(stream, dist)`: the next batch (`grpo.collect.collect` with the run's `Collector`). `dist`: the
+        lane's own `Dist` (`Dist.own_group`). `weights`: the versions that sample the first
         batches, by version (the weights before step `first`, and those a checkpoint held). `evaluate(dist)`: the
         held-out figures with the engine's current weights."""
         if mode not in MODES:
             raise ValueError(f"staleness mode {mode!r}; choose one of {MODES}")
-        self.collector, self.stream, self.generator, self.dist = collector, stream, generator, dist
+        self.collect, self.stream, self.generator, self.dist = collect, stream, generator, dist
         self.k, self.mode, self.first, self.last = k, mode, first, last
         self.eval_steps, self.evaluate = set(eval_steps), evaluate
         self._weights = dict(weights)
@@ -177,7 +177,7 @@ class Lane:
                     return
                 self._load(version)
                 start = time.perf_counter()
-                exp = collect(self.collector, self.stream, self.dist)
+                exp = self.collect(self.stream, self.dist)
                 seconds = time.perf_counter() - start
                 self.busy_total += seconds
                 self._batches.put(Batch(s, exp, version, {"epoch": self.stream.epoch,

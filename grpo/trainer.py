@@ -287,8 +287,8 @@ def _start_lane(cfg: Config, run: _Run, state: TrainState) -> Lane:
                                      temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
                                      dist=d, rewards=run.eval_rewards)
     weights, run.lagged = {**run.lagged, state.step: snapshot_weights(run.policy)}, {}  # the lane's alone now
-    return Lane(run.collector, run.stream, run.generator, run.sampling_dist, k=cfg.rollout.max_staleness,
-                mode=cfg.rollout.staleness_mode, first=state.step + 1, last=last,
+    return Lane(functools.partial(collect, run.collector), run.stream, run.generator, run.sampling_dist,
+                k=cfg.rollout.max_staleness, mode=cfg.rollout.staleness_mode, first=state.step + 1, last=last,
                 eval_steps=eval_steps if run.eval_set else set(), evaluate=evaluate_on, weights=weights)
 
 

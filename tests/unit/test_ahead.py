@@ -31,12 +31,12 @@ class Stream:
 
 
 @pytest.fixture
-def lane_of(monkeypatch):
+def lane_of():
     lanes = []
 
     def make(engine, *, k, mode="fixed", first=1, last=8, eval_steps=(), slow=0.0, fail_at=None, weights=None,
              dist=None):
-        def fake_collect(collector, stream, dist):
+        def fake_collect(stream, dist):
             if fail_at is not None and stream.position + 1 == fail_at:
                 raise ValueError("a reward function broke")
             time.sleep(slow * random.random())
@@ -44,7 +44,6 @@ def lane_of(monkeypatch):
             engine.log.append(("collect", stream.position, engine.version))
             return ("batch", stream.position, engine.version)
 
-        monkeypatch.setattr(ahead, "collect", fake_collect)
         stream = Stream()
         stream.position = first - 1
 
@@ -52,9 +51,8 @@ def lane_of(monkeypatch):
             engine.log.append(("eval", engine.version))
             return {"eval/accuracy": float(engine.version)}
 
-        lane = Lane(None, stream, engine, dist or Dist(), k=k, mode=mode, first=first, last=last,
-                    eval_steps=set(eval_steps),
-                    evaluate=evaluate, weights=weights or {first - 1: {"v": first - 1}})
+        lane = Lane(fake_collect, stream, engine, dist or Dist(), k=k, mode=mode, first=first, last=last,
+                    eval_steps=set(eval_steps), evaluate=evaluate, weights=weights or {first - 1: {"v": first - 1}})
         lanes.append(lane)
         return lane
 
