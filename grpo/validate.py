@@ -9,12 +9,13 @@ help (`registry_names`). It stands above the registries it reads; grpo.config im
 """
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import os
 import re
 import urllib.parse
 import warnings
+
+import torch
 
 from grpo.config import LOAD_CHECKS, Config, explicit_keys
 from grpo.envs import ENVIRONMENTS
@@ -132,11 +133,11 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         _check_judge(cfg.judge, world)
     if any(n.startswith("rm:") for n in [*cfg.rewards, *cfg.eval.rewards]) and cfg.reward_model.device:
         try:
-            kind = importlib.import_module("torch").device(cfg.reward_model.device).type
+            kind = torch.device(cfg.reward_model.device).type
         except RuntimeError:
             raise ConfigError(f"reward_model.device={cfg.reward_model.device!r} is not a device (cpu, cuda, cuda:1, "
                               "...); empty: the policy's") from None
-        if kind == "cuda" and not importlib.import_module("torch").cuda.is_available():
+        if kind == "cuda" and not torch.cuda.is_available():
             raise ConfigError(f"reward_model.device={cfg.reward_model.device!r} but PyTorch sees no CUDA device")
     _check_reward_weights(cfg, num_rewards)
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:

@@ -27,6 +27,7 @@ from grpo.errors import ConfigError, DataError, GRPOError, import_callable
 from grpo.rewards.calls import call, call_all
 from grpo.rewards.fields import example_fields
 from grpo.rewards.judge import NAME as JUDGE
+from grpo.rewards.judge import Judge
 from grpo.rewards.model import PREFIX as RM_PREFIX
 from grpo.rewards.model import RewardModel
 
@@ -170,16 +171,12 @@ def resolve_reward(name: str, *, field: str = "rewards", sandbox_limits=None, re
             raise ConfigError(f"{field}: the judge's score is no verdict of 1 for a correct completion; decide "
                               "correctness with a reward that gives one (last_number, math, ...)")
         from grpo.config import JudgeConfig
-        from grpo.rewards.judge import Judge
         return Judge(judge or JudgeConfig(), run_dir=run_dir, vllm_cfg=vllm_cfg, seed=seed)
     if name.startswith(RM_PREFIX):
         if field == "eval.reward":
             raise ConfigError(f"{field}: {name!r} is a reward model, whose score is no verdict of 1 for a correct "
                               "completion; decide correctness with a reward that gives one (last_number, math, ...)")
-        rm = reward_model
-        return RewardModel(name[len(RM_PREFIX):], field=field, device=(rm.device if rm else "") or device,
-                           bf16=rm.bf16 if rm else False, batch_size=rm.batch_size if rm else 32,
-                           max_length=rm.max_length if rm else 0)
+        return RewardModel(name[len(RM_PREFIX):], reward_model, device=device, field=field)
     if name == "code" and sandbox_limits is not None:
         from grpo.rewards.code import make_code_reward
         return make_code_reward(sandbox_limits)
@@ -217,7 +214,7 @@ def recorded_name(fn: RewardFn) -> str:
     `rewards` imports again when the function is defined at the top level of an importable module."""
     if isinstance(fn, RewardModel):  # named in a config as it was given
         return fn.spec
-    if type(fn).__name__ == "Judge" and type(fn).__module__ == "grpo.rewards.judge":
+    if isinstance(fn, Judge):
         return JUDGE
     named = fn if hasattr(fn, "__qualname__") else type(fn)  # a callable object: its class
     return f"{getattr(named, '__module__', None) or type(fn).__module__}:{named.__qualname__}"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from grpo.config import RewardModelConfig
 from grpo.errors import ConfigError, DataError
 
 PREFIX = "rm:"
@@ -26,12 +27,15 @@ class RewardModel:
     """`rm:<path>`: loaded by `load()` (the trainer calls it while it builds the run; a check of the config does
     not), called as any reward function."""
 
-    def __init__(self, path: str, *, device: str = "cpu", bf16: bool = False, batch_size: int = 32,
-                 max_length: int = 0, field: str = "rewards"):
+    def __init__(self, path: str, options: RewardModelConfig | None = None, *, device: str = "cpu",
+                 field: str = "rewards"):
+        """`options`: the config's `reward_model` section (None: its defaults); `device`: where it runs unless
+        `options.device` says."""
         if not path.strip():
             raise ConfigError(f"{field}: {PREFIX!r} names no reward model; write rm:<directory or Hub id>")
-        self.path, self.device, self.bf16 = path, device, bf16
-        self.batch_size, self.max_length, self.field = batch_size, max_length, field
+        options = options or RewardModelConfig()
+        self.path, self.device, self.bf16 = path, options.device or device, options.bf16
+        self.batch_size, self.max_length, self.field = options.batch_size, options.max_length, field
         self.__name__ = Path(path.rstrip("/")).name or path
         self.model = self.tokenizer = None
 

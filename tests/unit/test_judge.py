@@ -142,6 +142,7 @@ class Endpoint:
 
     def close(self):
         self.server.shutdown()
+        self.server.server_close()  # its listening socket too
 
 
 @pytest.fixture

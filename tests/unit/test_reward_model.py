@@ -41,7 +41,7 @@ def test_scores_are_the_heads_logit_of_prompt_and_completion_in_any_batch(rm_dir
     with torch.no_grad():  # one text at a time, no padding at all
         want = [model(**tok(p + c, return_tensors="pt")).logits[0, 0].item() for p, c in zip(PROMPTS, COMPLETIONS)]
     assert got == pytest.approx(want, abs=1e-5)
-    one_batch = RewardModel(str(rm_dir), batch_size=64)(prompts=PROMPTS, completions=COMPLETIONS)
+    one_batch = RewardModel(str(rm_dir), RewardModelConfig(batch_size=64))(prompts=PROMPTS, completions=COMPLETIONS)
     assert one_batch == pytest.approx(got, abs=1e-5) and len(set(got)) == 4
 
 
