@@ -60,7 +60,12 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sample", help="print sampled completions of a model", epilog=epilog, formatter_class=fmt)
     s.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few held-out prompts")
-    s.add_argument("-n", type=int, default=4, help="completions per prompt (default 4)")
+    s.add_argument("-n", type=int, default=None, help="completions per prompt (default 4; 1 when greedy)")
+    s.add_argument("--temperature", type=float, default=None, metavar="T",
+                   help="sampling temperature (default: rollout.temperature); 0 decodes greedily, as --greedy")
+    s.add_argument("--greedy", action="store_true",
+                   help="greedy decoding (the most likely token at each step, as grpo eval's accuracy): one "
+                        "completion per prompt, the same every time")
     v = sub.add_parser("serve", help="start a vLLM server of model.path for rollout.backend=vllm_server (it prints "
                                      "the URL to give the trainer as vllm_server.urls)", epilog=epilog,
                        formatter_class=fmt)
@@ -241,19 +246,32 @@ def _device(device: str) -> str:
 
 
 def _sample(cfg, args) -> int:
+    from dataclasses import replace
+
     from grpo.rollout import SAMPLE, rollout_sampling, sampling_seed
     from grpo.tasks import Example
 
-    if args.n < 1:
+    if args.n is not None and args.n < 1:
         raise GRPOError(f"-n must be at least 1, got {args.n}")
+    temperature = 0.0 if args.greedy else args.temperature
+    if temperature is not None and not temperature >= 0:
+        raise GRPOError(f"--temperature must be >= 0 (0: greedy), got {temperature:g}")
+    greedy = temperature == 0
+    if greedy and args.n not in (None, 1):
+        raise GRPOError(f"greedy decoding gives one completion per prompt, the same every time; -n {args.n} asks "
+                        "for more: leave -n out, or sample with --temperature > 0")
+    n = args.n if args.n is not None else 1 if greedy else 4
+    sampling = rollout_sampling(cfg.rollout, n)  # min_p, top_k, top_p, repetition_penalty and stop: the run's
+    if temperature is not None:
+        sampling = replace(sampling, temperature=temperature)  # 0: greedy, as grpo eval's accuracy
     generator, environment, task = _load(cfg)
     examples = [Example(p, "") for p in args.prompt] if args.prompt else (task.eval or task.train)[:4]
     seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(examples))]
     with contextlib.closing(generator):
-        rollout = environment.rollout(generator, examples, rollout_sampling(cfg.rollout, args.n), seeds)
+        rollout = environment.rollout(generator, examples, sampling, seeds)
     for i, e in enumerate(examples):
         print(e.prompt)
-        for j in range(i * args.n, (i + 1) * args.n):
+        for j in range(i * n, (i + 1) * n):
             if rollout.episodes is None:
                 print(f"    -> {rollout.texts[j]!r}")
                 continue

@@ -152,6 +152,17 @@ class RolloutConfig:
                         "treats it as top_p does.", ge=0)
     min_new_tokens: int = opt(0, "EOS cannot be sampled before this many tokens (as in transformers' generate); "
                                  "at most max_new_tokens.", ge=0)
+    min_p: float = opt(0.0, "Min-p sampling: keep only the tokens whose probability (after temperature) is at least "
+                            "min_p times the most likely token's; 0 keeps all. Applied with top_k, before top_p "
+                            "(vLLM's order); the loss treats it as top_p does.", ge=0, lt=1)
+    repetition_penalty: float = opt(1.0, "transformers' and vLLM's repetition penalty: before the temperature, the "
+                                         "logit of every token already in the prompt or the completion is divided "
+                                         "by it (multiplied where negative); 1 turns it off. The loss's ratio and "
+                                         "KL stay those of the unpenalised policy (a warning at load).", gt=0)
+    stop: list[str] = opt([], "Stop strings: a completion ends with the token that completes the first of them in "
+                              "its text (after min_new_tokens), as at EOS; its tokens up to and including that one "
+                              "are trained, and the text the rewards see ends with the stop string. Only with "
+                              "environment=single_turn.")
     backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS ({names}): 'hf' samples in-process "
                              "from the model being trained (transformers' model, grpo's lean decoding loop); "
                              "'vllm' samples with a vLLM engine in each training process, sharing its device, its "

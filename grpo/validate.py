@@ -77,9 +77,10 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
         if corrections:
             out.append(f"{', '.join(corrections)} set: the in-process sampler's log-probs are the trainer's own, "
                        "so the sampler-trainer correction is exactly 1 and cannot act")
-    if r.top_p < 1 or r.top_k:  # Keep Sampling Mask (SPEC 14.12): exact only where the replayed K is the sampler's
+    if r.top_p < 1 or r.top_k or r.min_p:  # Keep Sampling Mask (SPEC 14.12): exact where the replayed K is the sampler
         what = " and ".join(x for x in (f"rollout.top_p={r.top_p:g}" if r.top_p < 1 else "",
-                                        f"rollout.top_k={r.top_k}" if r.top_k else "") if x)
+                                        f"rollout.top_k={r.top_k}" if r.top_k else "",
+                                        f"rollout.min_p={r.min_p:g}" if r.min_p else "") if x)
         why = []
         if r.backend != "hf":
             why.append(f"rollout.backend={r.backend} samples from the engine's own logits, and its kept set can "
@@ -90,6 +91,12 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
         if why:
             out.append(f"{what}: the loss's ratio is to the policy renormalised over the kept set of each position, "
                        f"replayed on the trainer's logits (SPEC 14.12), which is approximate here: {'; '.join(why)}")
+    if r.repetition_penalty != 1:  # history-dependent: no kept set to replay, the sampler's softmax is not the policy's
+        engine = ("; the engine's log-probs are of the penalised distribution, so mismatch/* counts the penalty and "
+                  "algo.sampler_correction reweights toward the unpenalised policy" if r.backend != "hf" else "")
+        out.append(f"rollout.repetition_penalty={r.repetition_penalty:g}: completions are sampled from the policy "
+                   "with the logits of the tokens already seen penalised, but the loss's ratio and KL are those of "
+                   f"the unpenalised policy, so training is off-policy by the penalty{engine}")
     return out
 
 
@@ -143,6 +150,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.rollout.min_new_tokens > cfg.rollout.max_new_tokens:
         raise ConfigError(f"rollout.min_new_tokens={cfg.rollout.min_new_tokens} is more than rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}; it must be at most max_new_tokens")
+    if any(not x for x in cfg.rollout.stop):
+        raise ConfigError("rollout.stop holds an empty string, which every text holds at once: give non-empty stop "
+                          "strings, or rollout.stop=[] for none")
     if "overlong" in cfg.rewards and cfg.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} is larger than rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}; the penalty ramps over the last overlong_buffer tokens")
@@ -153,6 +163,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
                           f"{', '.join(map(repr, ENVIRONMENTS))}")
     if cfg.rollout.environment == "tools":
+        if cfg.rollout.stop:
+            raise ConfigError("rollout.stop ends a model turn at a stop string, and rollout.environment=tools needs "
+                              "each model turn to end at EOS, where the tool results follow: leave rollout.stop out")
         if not cfg.model.chat_template:
             raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
                               "model.chat_template=true")

@@ -12,10 +12,11 @@ Three ways, equal in value and gradient (tests pin this):
 
 All return log-probs of shape (B, T) in float32 (float64 for float64 inputs).
 
-With `truncation=(top_k, top_p)`, the sampler's truncated sampling (SPEC 14.12, Keep Sampling Mask), each also
-returns, last, ℓ^K = ℓ − log Σ_{v∈K} e^{ℓ_v}: the log-prob of the target under the policy renormalised over the kept
-set K of its position, which `sampling_keep_mask` replays on these logits (top-k, then top-p over the top-k
-probabilities, the target always kept). K is a constant of the gradient; the renormaliser is differentiated.
+With `truncation=(top_k, top_p)` or `(top_k, top_p, min_p)`, the sampler's truncated sampling (SPEC 14.12, Keep
+Sampling Mask), each also returns, last, ℓ^K = ℓ − log Σ_{v∈K} e^{ℓ_v}: the log-prob of the target under the policy
+renormalised over the kept set K of its position, which `sampling_keep_mask` replays on these logits (top-k and
+min-p, then top-p over the probabilities they keep, the target always kept). K is a constant of the gradient; the
+renormaliser is differentiated.
 """
 from __future__ import annotations
 
@@ -45,14 +46,16 @@ def _check_range(targets: torch.Tensor, vocab: int) -> None:
 
 
 def sampling_keep_mask(z: torch.Tensor, targets: torch.Tensor | None = None, top_k: int = 0,
-                       top_p: float = 1.0) -> torch.Tensor:
+                       top_p: float = 1.0, min_p: float = 0.0) -> torch.Tensor:
     """The kept set K of truncated sampling at each position, replayed on logits already divided by the
     temperature: (N, V), (N,) → (N, V) bool (SPEC 14.12). Top-k keeps the tokens whose logit is at least the k-th
-    largest (ties at the k-th are kept, as the in-process sampler does); top-p then keeps the smallest prefix of the
+    largest (ties at the k-th are kept, as the in-process sampler does); min-p keeps the tokens whose probability is
+    at least `min_p` times the most likely token's (softmax of z, as vLLM and transformers compute it; both filters
+    keep the most likely tokens, so their order does not matter); top-p then keeps the smallest prefix of the
     remaining tokens, by decreasing probability renormalised over them, whose probability reaches `top_p` (a token
     is kept iff the probability of the tokens before it is < top_p); the target (the sampled token), where given, is
-    always kept. top_k = 0 and top_p = 1 keep everything. The in-process sampler draws from this set
-    (`grpo.rollout.hf.sample_next`), so there the replayed K is the sampler's.
+    always kept. top_k = 0, top_p = 1 and min_p = 0 keep everything. The order is vLLM's (min-p, top-k, top-p). The
+    in-process sampler draws from this set (`grpo.rollout.hf.sample_next`), so there the replayed K is the sampler's.
 
     Example (SPEC 14.12): logits (2.0, 1.5, 0.5, −1.0), top_p = 0.8 → K = {0, 1} (cumulative 0.532071 < 0.8).
     """
@@ -60,6 +63,9 @@ def sampling_keep_mask(z: torch.Tensor, targets: torch.Tensor | None = None, top
     keep = torch.ones(z.shape, dtype=torch.bool, device=z.device)
     if 0 < top_k < v:
         keep = z >= torch.topk(z, top_k, dim=-1).values[:, -1:]
+    if min_p > 0:
+        probs = torch.softmax(z, dim=-1)
+        keep &= probs >= probs.amax(dim=-1, keepdim=True) * min_p
     if top_p < 1.0:
         keep &= _nucleus(torch.softmax(z.masked_fill(~keep, float("-inf")), dim=-1), top_p)
     return keep if targets is None else keep.scatter_(-1, targets.unsqueeze(-1), True)
@@ -85,16 +91,20 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return kept
 
 
-def _check_truncation(truncation) -> tuple[int, float] | None:
-    """(top_k, top_p) when it truncates anything, else None."""
+def _check_truncation(truncation) -> tuple[int, float, float] | None:
+    """(top_k, top_p, min_p) of a (top_k, top_p) or (top_k, top_p, min_p) when it truncates anything, else None."""
     if truncation is None:
         return None
-    top_k, top_p = truncation
+    if len(truncation) not in (2, 3):
+        raise ValueError(f"truncation must be (top_k, top_p) or (top_k, top_p, min_p), got {truncation!r}")
+    top_k, top_p, min_p = (*truncation, 0.0) if len(truncation) == 2 else truncation
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
         raise ValueError(f"truncation's top_k must be an integer >= 0 (0 keeps every token), got {top_k!r}")
     if not 0 < top_p <= 1:
         raise ValueError(f"truncation's top_p must be in (0, 1], got {top_p!r}")
-    return None if top_k == 0 and top_p == 1 else (int(top_k), float(top_p))
+    if not 0 <= min_p < 1:
+        raise ValueError(f"truncation's min_p must be in [0, 1), got {min_p!r}")
+    return None if top_k == 0 and top_p == 1 and min_p == 0 else (int(top_k), float(top_p), float(min_p))
 
 
 def _outputs(out, ent, outk, shape, entropy: bool, truncation):
@@ -105,7 +115,7 @@ def _outputs(out, ent, outk, shape, entropy: bool, truncation):
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: float = 1.0,
                    chunk_size: int | None = None, entropy: bool = False,
-                   truncation: tuple[int, float] | None = None):
+                   truncation: tuple | None = None):
     """log softmax(logits / temperature)[targets]: (B, T, V), (B, T) → (B, T) float32.
 
     With `chunk_size`, at most `chunk_size` positions are turned into float32 at a time, forward and backward.
@@ -113,7 +123,7 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
     temperature, per position: (logp, H). H is differentiable (∂H/∂logits = −p ⊙ (log p + H) / temperature: the
     entropy bonus, SPEC 14.7); what does not use it costs nothing in the backward pass.
 
-    `truncation=(top_k, top_p)`: also ℓ^K (the module docstring), last: (logp, [H,] ℓ^K).
+    `truncation=(top_k, top_p[, min_p])`: also ℓ^K (the module docstring), last: (logp, [H,] ℓ^K).
 
     Example: logits [[[0, ln 3]]] (one position, V = 2), target 1 → log(3/4) = −0.287682; H = 0.562335.
     """
@@ -141,11 +151,11 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, *, temperature: 
 def token_logprobs_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
                                temperature: float = 1.0, chunk_size: int = 1024,
                                matmul_dtype: torch.dtype | None = None, entropy: bool = False,
-                               truncation: tuple[int, float] | None = None):
+                               truncation: tuple | None = None):
     """log softmax((hidden @ weight.T) / temperature)[targets]: (B, T, H), (V, H), (B, T) → (B, T) float32.
     `entropy=True` also returns the entropy of each position's distribution, from the same chunks (never a
-    (B, T, V) tensor; SPEC 13.5): (logp, H), H differentiable as in `token_logprobs`. `truncation=(top_k, top_p)`:
-    also ℓ^K, last, as in `token_logprobs`.
+    (B, T, V) tensor; SPEC 13.5): (logp, H), H differentiable as in `token_logprobs`.
+    `truncation=(top_k, top_p[, min_p])`: also ℓ^K, last, as in `token_logprobs`.
 
     `weight` is the output projection (`model.lm_head.weight`, no bias). The (chunk, V) logits exist one
     chunk at a time; gradients flow to both `hidden` and `weight`. `matmul_dtype` (e.g. bfloat16, as autocast
@@ -176,7 +186,7 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
 
 
 def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: torch.Tensor | None = None,
-                   truncation: tuple[int, float] | None = None, outk: torch.Tensor | None = None,
+                   truncation: tuple | None = None, outk: torch.Tensor | None = None,
                    lse_k: torch.Tensor | None = None):
     """This chunk's log-probs and log-sum-exp; with `ent` (a slice of the output), its entropies written there:
     H = lse − Σ p·z, the form TRL and verl use. With `truncation`, ℓ^K written into `outk` and the log-sum-exp
@@ -197,7 +207,7 @@ def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: 
 _KEEP_ROWS = 256
 
 
-def _keep(z: torch.Tensor, tgt: torch.Tensor, truncation: tuple[int, float]) -> torch.Tensor:
+def _keep(z: torch.Tensor, tgt: torch.Tensor, truncation: tuple) -> torch.Tensor:
     """`sampling_keep_mask` of a chunk, a few rows at a time."""
     return torch.cat([sampling_keep_mask(z[s:s + _KEEP_ROWS], tgt[s:s + _KEEP_ROWS], *truncation)
                       for s in range(0, z.shape[0], _KEEP_ROWS)]) if z.shape[0] else z.new_zeros(z.shape, dtype=bool)
@@ -210,7 +220,7 @@ def _buffer(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> tor
 
 def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.Tensor | None, temperature: float,
                g_ent: torch.Tensor | None = None, ent: torch.Tensor | None = None, g_k: torch.Tensor | None = None,
-               lse_k: torch.Tensor | None = None, truncation: tuple[int, float] | None = None):
+               lse_k: torch.Tensor | None = None, truncation: tuple | None = None):
     """Gradient of Σ g·logp + Σ g_ent·H + Σ g_k·ℓ^K with respect to this chunk's logits z, in float32 (a None
     gradient: 0; g_ent None: the entropies unused): ∂logp/∂z = (1[target] − p)/T, ∂H/∂z = −p ⊙ (log p + H)/T,
     ∂ℓ^K/∂z = (1[target] − p^K)/T with p^K the softmax over K (0 outside it)."""

@@ -20,18 +20,35 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0              # 0 keeps the whole vocabulary
     min_new_tokens: int = 0     # EOS is not sampled before this many tokens
+    min_p: float = 0.0          # keep the tokens with at least min_p × the top token's probability; 0 keeps all
+    repetition_penalty: float = 1.0  # transformers' and vLLM's: a seen token's logit ÷ it (× it if negative)
+    stop: tuple[str, ...] = ()  # a completion ends with the token that completes the first of these strings
 
     @property
-    def truncation(self) -> tuple[int, float] | None:
-        """(top_k, top_p) when sampling keeps only part of the vocabulary (the loss then replays the kept set,
-        SPEC 14.12), else None."""
-        return (self.top_k, self.top_p) if self.top_k > 0 or self.top_p < 1 else None
+    def truncation(self) -> tuple[int, float, float] | None:
+        """(top_k, top_p, min_p) when sampling keeps only part of the vocabulary (the loss then replays the kept
+        set, SPEC 14.12), else None."""
+        if self.top_k > 0 or self.top_p < 1 or self.min_p > 0:
+            return self.top_k, self.top_p, self.min_p
+        return None
 
 
 def rollout_sampling(rollout, n: int) -> Sampling:
     """The sampling settings of a `rollout.*` config section (`grpo.config.RolloutConfig`), n completions a prompt."""
     return Sampling(n, rollout.max_new_tokens, rollout.temperature, rollout.top_p, rollout.top_k,
-                    rollout.min_new_tokens)
+                    rollout.min_new_tokens, rollout.min_p, rollout.repetition_penalty, tuple(rollout.stop))
+
+
+def stop_cut(text: str, stop: Sequence[str], since: int = 0) -> str | None:
+    """`text` up to and including the stop string of `stop` that ends first at or after character `since` + 1
+    (the text of the completion's last token starts at `since`: the one that completed it), or None when none
+    does. Ties: the first in `stop`. What vLLM does with include_stop_str_in_output=True."""
+    best = None
+    for s in stop:
+        at = text.find(s, max(0, since - len(s) + 1))
+        if at >= 0 and (best is None or at + len(s) < best):
+            best = at + len(s)
+    return None if best is None else text[:best]
 
 
 @dataclass
@@ -45,7 +62,9 @@ class Rollout(Rows):
     # SPEC 12; an episode: all its turns and insertions)
     completion_mask: torch.Tensor = column("padded")
     truncated: torch.Tensor = column("rows")  # (N,) bool: cut off by a length limit (no EOS within max_new_tokens, ...)
-    texts: list[str] = column("items")        # decoded completions, EOS and padding left out
+    # decoded completions, EOS and padding left out; a completion ended by a stop string (`Sampling.stop`: its
+    # last token completed it, and is not EOS) is decoded up to and including that string
+    texts: list[str] = column("items")
     # (N, T) 1 on the tokens that are the model's to learn: the generator's own tokens are (completion_mask, the
     # default); an environment zeroes the tokens it inserted itself (tool output, say)
     loss_mask: torch.Tensor | None = column("padded", default=None)

@@ -19,12 +19,21 @@ from grpo.algo.logprobs import sampling_keep_mask
 from grpo.policy.context import inference
 from grpo.policy.inputs import model_inputs
 from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompts, prompt_limits, prompt_seeds,
-                               stop_tokens)
+                               stop_cut, stop_tokens)
 from grpo.rollout.lean_decoding import LeanDecoding
 
 
+def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """transformers' `RepetitionPenaltyLogitsProcessor` (and vLLM's repetition_penalty, CTRL's definition): the
+    logit of every token in `seen` (N, L) token ids, the prompt's and the completion's so far, divided by `penalty`
+    where positive, multiplied by it where negative; a float32 copy of `logits` (N, V), before the temperature."""
+    logits = logits.float()
+    picked = logits.gather(1, seen)
+    return logits.scatter(1, seen, torch.where(picked < 0, picked * penalty, picked / penalty))
+
+
 def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor | None) -> torch.Tensor:
-    """Next tokens (N,) from logits (N, V): greedy at temperature 0, else top-k / top-p / temperature.
+    """Next tokens (N,) from logits (N, V): greedy at temperature 0, else min-p / top-k / top-p / temperature.
 
     `uniform` (N,) holds one U(0, 1) number per row; the token is the first whose cumulative probability under
     softmax(filtered logits / T) exceeds it (inverse transform sampling: an exact draw, with one random number
@@ -129,17 +138,28 @@ class HFGenerator:
 
         total = logits.shape[0]
         finished = torch.zeros(total, dtype=torch.bool, device=device)  # by EOS or at the row's limit
-        ended = torch.zeros(total, dtype=torch.bool, device=device)  # by EOS
+        ended = torch.zeros(total, dtype=torch.bool, device=device)  # by EOS or a stop string
         cap = torch.tensor(limits, device=device).repeat_interleave(n)
         lengths = torch.full((total,), steps, dtype=torch.long, device=device)
+        seen = None  # (N, Lp + t): the tokens the repetition penalty acts on, the prompt's padding left out
+        if sampling.repetition_penalty != 1:
+            # a padded position repeats the row's last prompt token, which the penalty sees anyway
+            seen = torch.where(prompt_mask.bool(), prompt_ids, prompt_ids[:, -1:]).repeat_interleave(n, dim=0)
+        stops = _StopStrings(self.tokenizer, sampling.stop, total) if sampling.stop else None
         tokens = []
         for t in range(steps):
             if t < sampling.min_new_tokens:
                 logits = logits.index_fill(-1, eos_ids, float("-inf"))
+            if seen is not None:
+                logits = repetition_penalty(logits, seen, sampling.repetition_penalty)
             nxt = sample_next(logits, sampling, None if noise is None else noise[t])
             nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
             tokens.append(nxt)
+            if seen is not None:
+                seen = torch.cat([seen, nxt.unsqueeze(1)], dim=1)
             stop = ~finished & torch.isin(nxt, eos_ids)
+            if stops is not None:  # looked for after min_new_tokens, as vLLM does after min_tokens
+                stop |= stops.step(nxt, finished, check=t + 1 > sampling.min_new_tokens).to(device)
             ended |= stop
             stop |= ~finished & (cap <= t + 1)
             lengths[stop] = t + 1
@@ -152,10 +172,14 @@ class HFGenerator:
         width = completion_ids.shape[1]
         completion_mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).long()
         truncated = ~ended
-        # texts: the tokens before EOS (EOS itself is not text)
-        text_len = lengths - (~truncated).long()
+        by_string = stops.ended if stops is not None else torch.zeros(total, dtype=torch.bool)
+        # texts: the tokens before EOS (EOS itself is not text); after a stop string, up to and including it
+        text_len = lengths - (~truncated & ~by_string.to(device)).long()
         texts = self.tokenizer.batch_decode([row[:k].tolist() for row, k in zip(completion_ids, text_len)],
                                             skip_special_tokens=True)
+        if stops is not None:
+            texts = [stops.cut(texts[i], completion_ids[i, :k - 1].tolist()) if stopped else texts[i]
+                     for i, (stopped, k) in enumerate(zip(by_string.tolist(), text_len.tolist()))]
         return Rollout(prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
                        completion_ids, completion_mask, truncated, texts)
 
@@ -178,3 +202,46 @@ class HFGenerator:
             return out.logits[:, -1]
 
         return step, out.logits[:, -1].repeat_interleave(n, dim=0)
+
+
+class _StopStrings:
+    """Which rows' last token completed one of the stop strings: each step decodes the last few tokens of every
+    unfinished row (enough for the longest string, one byte a token at worst, and a token before it for the
+    tokenizer's context) and looks for a string ending in the text of the last token, the one that completes it:
+    vLLM's rule (its detokenizer looks for the strings in each new token's text and the few characters before)."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...], rows: int):
+        self.tokenizer, self.stop = tokenizer, stop
+        self.window = max(len(s.encode("utf-8")) for s in stop) + 2
+        self.history: list[list[int]] = [[] for _ in range(rows)]
+        self.ended = torch.zeros(rows, dtype=torch.bool)  # by a stop string
+
+    def step(self, tokens: torch.Tensor, finished: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """Add this step's tokens (N,); (N,) bool on the CPU: the rows (not `finished` before) ended by them."""
+        open_rows = (~finished).nonzero().squeeze(1).tolist()
+        values = tokens.tolist()
+        for i in open_rows:
+            self.history[i].append(values[i])
+        hit = torch.zeros(len(self.history), dtype=torch.bool)
+        if not check or not open_rows:
+            return hit
+        texts = self.tokenizer.batch_decode([self.history[i][-self.window:] for i in open_rows],
+                                            skip_special_tokens=True)
+        for i, text in zip(open_rows, texts):
+            # a string in the window: it counts if it ends in the last token's text (one found earlier was not
+            # looked for, within min_new_tokens)
+            if any(s in text for s in self.stop) and self._ends_last(text, self.history[i][-self.window:-1]):
+                hit[i] = True
+        self.ended |= hit
+        return hit
+
+    def _ends_last(self, text: str, before: list[int]) -> bool:
+        return stop_cut(text, self.stop, len(self.tokenizer.decode(before, skip_special_tokens=True))) is not None
+
+    def cut(self, text: str, before_last: list[int]) -> str:
+        """A stopped row's text (its tokens decoded, the last included) cut after the stop string its last
+        token completed (`before_last`: the tokens before it)."""
+        since = len(self.tokenizer.decode(before_last, skip_special_tokens=True))
+        cut = stop_cut(text, self.stop, since)
+        return text if cut is None else cut
+

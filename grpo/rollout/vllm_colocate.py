@@ -176,7 +176,7 @@ class VLLMGenerator:
         except Exception as e:  # noqa: BLE001
             raise EngineError(f"the vLLM engine failed while sampling: {first_line(e)}") from None
         return rows_from_outputs(outs, ids, sampling.n, with_logp=sampling.temperature > 0, tokenizer=self.tokenizer,
-                                 pad_id=self.pad_id, device=self.device, version=self.version)
+                                 pad_id=self.pad_id, device=self.device, version=self.version, stop=sampling.stop)
 
     def close(self) -> None:
         """Shut the engine down (idempotent; errors are warnings). A process group the trainer made is left

@@ -7,7 +7,8 @@
   collective: every rank calls it); `write_start` puts them, with the config and tokenizer, in the directory an
   engine starts from;
 - `sampling_params`: a `Sampling` and each prompt's seed and token limit as vLLM's `SamplingParams` (the engine's
-  log-probs of the sampled tokens after temperature, `processed_logprobs`, for the mismatch correction, SPEC 13.1);
+  log-probs of the sampled tokens after temperature, `processed_logprobs`, for the mismatch correction, SPEC 13.1;
+  of the distribution it sampled from: with rollout.repetition_penalty, the penalised one);
 - `rows_from_outputs`: vLLM's `RequestOutput`s as a `Rollout`, as the in-process generator would have made it;
 - `refresh_cpu_heads`: what an in-place weight reload leaves stale on the CPU, renewed.
 """
@@ -21,7 +22,7 @@ import torch
 
 from grpo.errors import DataError, GRPOError
 from grpo.policy.lora import lora_merged_weight
-from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds
+from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_cut
 
 INSTALL = "pip install -e '.[vllm]' (or: make setup-vllm)"
 
@@ -116,12 +117,17 @@ def prepare_prompts(tokenizer, prompts, sampling: Sampling, seeds, limits, *, ad
 def sampling_fields(sampling: Sampling, seed: int, limit: int, eos_ids: list[int]) -> dict:
     """The fields of vLLM's `SamplingParams` for one prompt (as keyword arguments, or as JSON for a server): n
     completions (one when greedy: the n copies are equal), seeded by the prompt's seed, at most `limit` new tokens,
-    stopping at the model's EOS ids; with temperature > 0 the log-probs of the sampled tokens come back."""
+    stopping at the model's EOS ids and at the stop strings (the string kept in the text, which vLLM checks on the
+    text it detokenizes: only then does it detokenize); min-p and the repetition penalty as they are. With
+    temperature > 0 the log-probs of the sampled tokens come back: `processed_logprobs`, of the distribution the
+    engine sampled from (repetition penalty, temperature, min-p, top-k and top-p applied)."""
     greedy = sampling.temperature == 0  # vLLM samples greedily once per prompt; the n copies are equal
     return dict(n=1 if greedy else sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=limit,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
+                repetition_penalty=sampling.repetition_penalty, max_tokens=limit,
                 min_tokens=min(sampling.min_new_tokens, limit), seed=int(seed) & (2**63 - 1),
-                logprobs=None if greedy else 0, stop_token_ids=eos_ids, detokenize=False)
+                logprobs=None if greedy else 0, stop_token_ids=eos_ids, stop=list(sampling.stop),
+                include_stop_str_in_output=True, detokenize=bool(sampling.stop))
 
 
 def sampling_params(sampling: Sampling, seeds: Sequence[int], limits: Sequence[int], eos_ids: list[int]) -> list:
@@ -132,13 +138,14 @@ def sampling_params(sampling: Sampling, seeds: Sequence[int], limits: Sequence[i
 
 
 def rows_from_outputs(outs, ids: list[list[int]], n: int, *, with_logp: bool, tokenizer, pad_id: int, device,
-                      version: int) -> Rollout:
+                      version: int, stop: Sequence[str] = ()) -> Rollout:
     """The `Rollout` of vLLM's outputs `outs` (one `RequestOutput` per prompt, for the token-id prompts `ids`),
     n completions each (a greedy request's one completion repeated), on `device`: prompts left-padded and
     completions right-padded with `pad_id`, masks from lengths, truncated where the engine stopped at the length
-    limit, texts decoded before the EOS as the in-process generator decodes them, the engine's log-probs of the
+    limit, texts decoded before the EOS as the in-process generator decodes them (a completion that one of the
+    `stop` strings ended, `stop_reason`: its tokens decoded, cut after that string), the engine's log-probs of the
     sampled tokens when `with_logp`, and every row's weight version `version`."""
-    rows, logps, truncated = [], [], []
+    rows, logps, truncated, by_string = [], [], [], []
     for out in outs:
         completions = sorted(out.outputs, key=lambda c: c.index)
         if len(completions) == 1 and n > 1 and not with_logp:  # greedy
@@ -151,6 +158,7 @@ def rows_from_outputs(outs, ids: list[list[int]], n: int, *, with_logp: bool, to
                 raise EngineError(f"the vLLM engine returned an empty completion ({c.finish_reason})")
             rows.append(tokens)
             truncated.append(c.finish_reason == "length")
+            by_string.append(c.finish_reason == "stop" and isinstance(getattr(c, "stop_reason", None), str))
             if with_logp:
                 logps.append([d[t].logprob for d, t in zip(c.logprobs, tokens)])
     width = max(len(r) for r in rows)
@@ -170,7 +178,11 @@ def rows_from_outputs(outs, ids: list[list[int]], n: int, *, with_logp: bool, to
             sampler_logp[j, :len(tokens)] = torch.tensor(logps[j])
     trunc = torch.tensor(truncated, dtype=torch.bool)
     # texts: the tokens before EOS (EOS itself is not text), as the in-process generator decodes them
-    texts = tokenizer.batch_decode([r if t else r[:-1] for r, t in zip(rows, truncated)], skip_special_tokens=True)
+    texts = tokenizer.batch_decode([r if t or b else r[:-1] for r, t, b in zip(rows, truncated, by_string)],
+                                   skip_special_tokens=True)
+    for j in (j for j, b in enumerate(by_string) if b):  # the engine's rule: the string ends in the last token
+        since = len(tokenizer.decode(rows[j][:-1], skip_special_tokens=True))
+        texts[j] = stop_cut(texts[j], stop, since) or texts[j]
     return Rollout(prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device),
                    completion_mask.to(device), trunc.to(device), texts,
                    sampler_logp=None if sampler_logp is None else sampler_logp.to(device),

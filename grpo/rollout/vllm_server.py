@@ -577,7 +577,7 @@ class VLLMServerGenerator:
 
         outs = list(self._pool.map(one, range(len(ids))))
         return rows_from_outputs(outs, ids, sampling.n, with_logp=sampling.temperature > 0, tokenizer=self.tokenizer,
-                                 pad_id=self.pad_id, device=self.device, version=self.version)
+                                 pad_id=self.pad_id, device=self.device, version=self.version, stop=sampling.stop)
 
     def close(self) -> None:
         """Stop the servers grpo launched and remove the weights it wrote (idempotent)."""
@@ -642,7 +642,8 @@ def _request_output(out: dict, url: str, version: int):
         content = (ch.get("logprobs") or {}).get("content") or []
         logprobs = [{d["token_id"]: SimpleNamespace(logprob=d["logprob"])} for d in content] or None
         completions.append(SimpleNamespace(index=ch.get("index", 0), token_ids=tokens,
-                                           finish_reason=ch.get("finish_reason"), logprobs=logprobs))
+                                           finish_reason=ch.get("finish_reason"), stop_reason=ch.get("stop_reason"),
+                                           logprobs=logprobs))
     if not completions:
         raise EngineError(f"the vLLM server at {url} answered without completions: {str(out)[:200]}")
     return SimpleNamespace(outputs=completions)
