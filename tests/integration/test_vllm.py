@@ -106,6 +106,33 @@ def test_rows_carry_the_weight_version_that_sampled_them(fresh, tiny):
     assert fresh.generate(PROMPTS[:1], s, seeds=[1]).version.tolist() == [7, 7]
 
 
+def test_min_p_repetition_penalty_and_stop_strings_reach_the_engine(fresh, tiny):
+    """Greedy with a repetition penalty decodes as the in-process sampler does; a sampled completion that makes a
+    stop string ends with the token completing it (its text up to and including it, not truncated); the engine's
+    log-probs are those of the policy renormalised over the min-p set, the trainer's replay of it."""
+    from grpo.rollout import HFGenerator
+
+    policy, tokenizer = tiny
+    g = Sampling(n=1, max_new_tokens=16, temperature=0.0, repetition_penalty=1.5)
+    assert fresh.generate(PROMPTS, g).texts == HFGenerator(policy, tokenizer).generate(PROMPTS, g).texts
+    s = Sampling(n=8, max_new_tokens=16, min_p=0.1, stop=("1",))
+    r = fresh.generate(PROMPTS, s, seeds=[1, 2, 3])
+    stopped = 0
+    for j in range(len(r)):
+        k = int(r.lengths[j])
+        last = int(r.completion_ids[j, k - 1])
+        assert r.texts[j].count("1") <= 1 and ("1" not in r.texts[j] or r.texts[j].endswith("1"))
+        if not r.truncated[j] and last not in fresh.eos_ids:
+            stopped += 1
+            assert r.texts[j] == tokenizer.decode(r.completion_ids[j, :k].tolist(), skip_special_tokens=True)
+    assert stopped > 0
+    with torch.no_grad():
+        _, kept = completion_logprobs(policy, r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask,
+                                      temperature=1.0, chunk_size=64, truncation=s.truncation)
+    mask = r.completion_mask.bool()
+    assert (kept - r.sampler_logp)[mask].abs().max().item() < LOGP_TOLERANCE
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_engine_logprobs_equal_the_trainers_before_and_after_a_sync(fresh, tiny, temperature):
     policy, _ = tiny
