@@ -5,7 +5,9 @@ each prompt. Every prompt draws its randomness from its own generator, seeded by
 number per completion and token, by inverse transform sampling), so a prompt's completions depend on its seed
 and the model only: not on which other prompts share the batch, how the batch is split, or how many processes
 there are. Masks come from positions: a completion is loss-bearing up to and including its first EOS, whatever
-the pad and EOS ids are (SPEC 11, item 4).
+the pad and EOS ids are (SPEC 11, item 4), or the token that completes a stop string (`Sampling.stop`). The
+repetition penalty acts on the logits before the temperature and min-p, top-k and top-p; min-p is part of the kept
+set the trainer replays (`grpo.algo.sampling_keep_mask`), the repetition penalty is not.
 """
 from __future__ import annotations
 
@@ -172,16 +174,21 @@ class HFGenerator:
         width = completion_ids.shape[1]
         completion_mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).long()
         truncated = ~ended
-        by_string = stops.ended if stops is not None else torch.zeros(total, dtype=torch.bool)
-        # texts: the tokens before EOS (EOS itself is not text); after a stop string, up to and including it
-        text_len = lengths - (~truncated & ~by_string.to(device)).long()
+        return Rollout(prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
+                       completion_ids, completion_mask, truncated, self._texts(completion_ids, lengths, ended, stops))
+
+    def _texts(self, completion_ids: torch.Tensor, lengths: torch.Tensor, ended: torch.Tensor,
+               stops: _StopStrings | None) -> list[str]:
+        """The completions' texts: the tokens before EOS (EOS itself is not text); after a stop string, the
+        tokens up to and including the one that completed it, the text cut after the string."""
+        by_string = stops.ended.to(ended.device) if stops is not None else torch.zeros_like(ended)
+        text_len = (lengths - (ended & ~by_string).long()).tolist()
         texts = self.tokenizer.batch_decode([row[:k].tolist() for row, k in zip(completion_ids, text_len)],
                                             skip_special_tokens=True)
         if stops is not None:
             texts = [stops.cut(texts[i], completion_ids[i, :k - 1].tolist()) if stopped else texts[i]
-                     for i, (stopped, k) in enumerate(zip(by_string.tolist(), text_len.tolist()))]
-        return Rollout(prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
-                       completion_ids, completion_mask, truncated, texts)
+                     for i, (stopped, k) in enumerate(zip(by_string.tolist(), text_len))]
+        return texts
 
     def _transformers_steps(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
         """Decoding with the model's own forward and cache: (step(tokens) -> next logits, the first logits).
