@@ -6,7 +6,7 @@ the expected type, a value out of range names the range, an enum value lists the
 `algo.preset` fills the algorithm fields from `grpo.algo.presets`, however the config is built (YAML or
 `AlgoConfig(preset=...)`); keys set explicitly win over the preset.
 
-This module is a leaf: it imports nothing of grpo but the errors and the preset data. The rules that involve
+This module is a leaf: it imports nothing of grpo but the errors, the presets and TRL's names. The rules that involve
 several fields or the registries (rollout backends, environments, rewards, tools) and the load warnings live in
 grpo/validate.py, which `load_config` runs through `LOAD_CHECKS`; a resume's rule (`config_changes`) reads each
 option's resume class from its declaration here.
@@ -27,6 +27,7 @@ import yaml
 
 from grpo.algo.presets import PRESETS, preset_values
 from grpo.errors import ConfigError
+from grpo.trl_names import trl_hint
 
 # What a resume may do with an option (`config_changes`): a resume must continue the uninterrupted run, so every
 # option is "refused" (it must equal the checkpoint's) unless declared "free" (it cannot change what is trained:
@@ -797,6 +798,11 @@ def _build(cls, data: Any, prefix: str):
             hint = f"; did you mean {close[0]!r}?" if close else ""
             if prefix + str(key) in MOVED:
                 hint = f"; it is now {MOVED[prefix + str(key)]}"
+            elif trl_hint(str(key)) is not None:  # TRL's name (learning_rate, num_generations, ...): grpo's
+                raise ConfigError(f"unknown key {prefix + str(key)!r}: "
+                                  f"{trl_hint(str(key), data[key], has_value=True)}")
+            elif _elsewhere(str(key)):
+                hint = f"; did you mean {' or '.join(map(repr, _elsewhere(str(key))))}?"
             raise ConfigError(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {where}: "
                               f"{', '.join(names)})")
     values = {}
@@ -811,6 +817,11 @@ def _build(cls, data: Any, prefix: str):
             values[f.name] = _coerce(data[f.name], tp, name)
             _check_range(values[f.name], f.metadata, name)
     return cls(**values)
+
+
+def _elsewhere(name: str) -> list[str]:
+    """The options named `name` in the sections (`train.temperature` is rollout.temperature or eval.temperature)."""
+    return [key for key, _, _ in options() if key.rpartition(".")[2] == name]
 
 
 def _type_name(tp: Any) -> str:
