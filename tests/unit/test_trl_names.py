@@ -118,6 +118,7 @@ def test_an_option_under_another_section_is_named():
 def test_trl_hint_without_a_value_and_for_other_names():
     assert trl_hint("learning_rate").startswith("learning_rate is TRL's name; grpo's is train.lr")
     assert "TRL's loss_type" not in trl_hint("loss_type")
-    assert trl_hint("loss_type", "dapo", has_value=True).endswith("TRL's loss_type='dapo' is algo.aggregation=token_mean")
+    assert trl_hint("loss_type", "dapo", has_value=True).endswith(
+        "TRL's loss_type='dapo' is algo.aggregation=token_mean")
     assert trl_hint("scale_rewards", 1, has_value=True).count("TRL's scale_rewards") == 0  # 1 is not True here
     assert trl_hint("stepz") is None
