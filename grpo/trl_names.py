@@ -170,9 +170,9 @@ TRL_NAMES: dict[str, TrlName] = {
     "vllm_importance_sampling_cap": _n("algo.sampler_correction_cap", "deprecated in TRL for "
                                                                       "vllm_importance_sampling_clip_max", "None"),
     # --- transformers' TrainingArguments, as GRPOConfig inherits them --------------------------------------
-    "output_dir": _n("train.output_dir", "", "'trainer_output'", source=_TA),
-    "overwrite_output_dir": _n("train.overwrite", "a run directory that holds a run is refused without it",
-                               "False", source=_TA),
+    "output_dir": _n("train.output_dir", "", "None ('trainer_output')", source=_TA),
+    "overwrite_output_dir": _n("train.overwrite", "a run directory that holds a run is refused without it (the "
+                                                  "option is gone from transformers 5)", "False", source=_TA),
     "max_steps": _n("train.steps", "grpo counts batches of rollouts, TRL optimiser updates: train.steps = "
                                    "max_steps / (num_iterations × train.steps_per_generation)", "-1", source=_TA),
     "num_train_epochs": _n("train.steps", "grpo has no epochs: train.steps = epochs × rows / "
@@ -193,18 +193,20 @@ TRL_NAMES: dict[str, TrlName] = {
                              "constant_with_warmup": "optim.lr_schedule=constant (optim.warmup_steps warms up)"},
                             source=_TA),
     "lr_scheduler_kwargs": _n("", "not offered", "None", source=_TA),
-    "warmup_ratio": _n("optim.warmup_steps", "grpo counts steps: optim.warmup_steps = warmup_ratio × train.steps",
-                       "0.0", source=_TA),
-    "warmup_steps": _n("optim.warmup_steps", "", "0", source=_TA),
+    "warmup_ratio": _n("optim.warmup_steps", "grpo counts steps: optim.warmup_steps = warmup_ratio × train.steps "
+                                             "(transformers 5 takes the ratio as a warmup_steps below 1)", "0.0",
+                       source=_TA),
+    "warmup_steps": _n("optim.warmup_steps", "a whole number of steps in grpo (transformers 5 reads a value below 1 "
+                                             "as a fraction of the steps)", "0", source=_TA),
     "weight_decay": _n("optim.weight_decay", "", "0.0", source=_TA),
     "adam_beta1": _n("optim.adam_beta1", "", "0.9", source=_TA),
     "adam_beta2": _n("optim.adam_beta2", "TRL's default is 0.999, grpo's 0.99", "0.999", source=_TA),
     "adam_epsilon": _n("", "not offered: AdamW's ε is PyTorch's 1e-8, TRL's default", "1e-8", source=_TA),
     "max_grad_norm": _n("optim.max_grad_norm", "", "1.0", source=_TA),
-    "optim": _n("", "not offered: the optimiser is PyTorch's AdamW", "'adamw_torch'", source=_TA),
+    "optim": _n("", "not offered: the optimiser is PyTorch's AdamW", "'adamw_torch_fused'", source=_TA),
     "bf16": _n("model.autocast_bf16", "TRL's bf16 is mixed precision (bfloat16 compute, float32 weights), as "
                                       "model.autocast_bf16=true; model.dtype=bfloat16 keeps the weights in bfloat16",
-               "True", {True: "model.autocast_bf16=true", False: "model.autocast_bf16=false"}, source=_TA),
+               "None (True unless fp16)", {True: "model.autocast_bf16=true", False: "model.autocast_bf16=false"}, source=_TA),
     "fp16": _n("", "not offered: use bfloat16 (model.autocast_bf16 or model.dtype)", "False", source=_TA),
     "tf32": _n("", "not offered", "None", source=_TA),
     "gradient_checkpointing": _n("model.gradient_checkpointing", "TRL's default is on, grpo's off", "True",
@@ -215,13 +217,14 @@ TRL_NAMES: dict[str, TrlName] = {
     "logging_steps": _n("", "not needed: every step's figures go to metrics.jsonl and the trackers (log.trackers), "
                             "with a progress bar (log.progress)", "10", source=_TA),
     "logging_first_step": _n("", "not needed: every step is logged", "False", source=_TA),
-    "logging_dir": _n("", "not offered: TensorBoard's events go to <output_dir>/tensorboard", "None", source=_TA),
-    "report_to": _n("log.trackers", "a list of tensorboard, wandb, trackio", "'all'",
-                    {"none": "log.trackers=[]", "all": "log.trackers=[tensorboard, wandb, trackio]",
+    "logging_dir": _n("", "not offered: TensorBoard's events go to <output_dir>/tensorboard (the option is gone from "
+                          "transformers 5)", "None", source=_TA),
+    "report_to": _n("log.trackers", "a list of tensorboard, wandb, trackio; grpo's default is [tensorboard]", "'none'",
+                    {"none": "log.trackers=[]", "all": "log.trackers=[tensorboard,wandb,trackio]",
                      "tensorboard": "log.trackers=[tensorboard]", "wandb": "log.trackers=[wandb]",
                      "trackio": "log.trackers=[trackio]"}, source=_TA),
     "run_name": _n("log.run_name", "", "None", source=_TA),
-    "disable_tqdm": _n("log.progress", "the opposite sense: log.progress=false", "False",
+    "disable_tqdm": _n("log.progress", "the opposite sense: log.progress=false", "None",
                        {True: "log.progress=false", False: "log.progress=true"}, source=_TA),
     "save_steps": _n("train.save_every", "grpo counts steps (batches of rollouts); 0 writes no checkpoint", "500",
                      source=_TA),
@@ -241,11 +244,12 @@ TRL_NAMES: dict[str, TrlName] = {
     "push_to_hub": _n("", "not offered: upload <output_dir>/model with huggingface-cli upload", "False", source=_TA),
     "hub_model_id": _n("", "not offered: upload <output_dir>/model with huggingface-cli upload", "None", source=_TA),
     "use_cpu": _n("model.device", "", "False", {True: "model.device=cpu"}, source=_TA),
-    "fsdp": _n("compute.sharding", "under torchrun: compute.sharding=fsdp (FSDP2)", "''", source=_TA),
+    "fsdp": _n("compute.sharding", "under torchrun: compute.sharding=fsdp (FSDP2)", "None", source=_TA),
     "deepspeed": _n("", _DEEPSPEED, "None", source=_TA),
     "use_liger_kernel": _n("", "not needed: grpo never builds the full logits tensor (model.logprob_chunk_size)",
                            "False", source=_TA),
     "torch_compile": _n("", "not offered", "False", source=_TA),
+    "torch_empty_cache_steps": _n("", "not offered", "None", source=_TA),
     "dataloader_num_workers": _n("", "not needed: prompts are read in memory", "0", source=_TA),
     "auto_find_batch_size": _n("", "not offered (TRL refuses it for GRPO too): set compute.micro_batch_size",
                                "False", source=_TA),
