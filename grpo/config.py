@@ -147,7 +147,8 @@ class RolloutConfig:
     temperature: float = opt(1.0, "Sampling temperature; log-probs for the loss use the same temperature.", gt=0)
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (after "
                             "top_k). Under truncation the loss's ratio is to the policy renormalised over the kept "
-                            "set, replayed on the trainer's logits; the KL stays full-vocabulary (SPEC 14.12).",
+                            "set, replayed on the trainer's logits; the KL stays full-vocabulary "
+                            "(docs/objective.md, Top-p / top-k sampling and the ratio).",
                        gt=0, le=1)
     top_k: int = opt(0, "Keep only the k most likely tokens when sampling (ties kept); 0 keeps all. The loss "
                         "treats it as top_p does.", ge=0)
@@ -164,7 +165,8 @@ class RolloutConfig:
                                           "runs multi-turn episodes in which the model calls tools (the tools.* "
                                           "section; needs model.chat_template). max_new_tokens then limits each "
                                           "model turn.", names="environments")
-    max_staleness: int = opt(0, "k of asynchronous rollouts (SPEC 14.1, 14.13; docs/async.md): 0 samples each "
+    max_staleness: int = opt(0, "k of asynchronous rollouts (docs/async.md; "
+                                "docs/objective.md, Stale batches): 0 samples each "
                                 "step's batch with the weights of the step before (synchronous). k >= 1 samples "
                                 "ahead of the trainer on the engine's own thread or server: the batch trained at "
                                 "step t comes from the weights of step t-1-k (batch s <= k+1 from the initial "
@@ -257,7 +259,8 @@ class AlgoConfig:
                                       "(sampling/groups_trained).", ge=1)
     proximal: Literal["recompute", "behaviour"] = opt(
         "recompute", "π_prox, the policy the ratio is clipped around when the sampler reports log-probs of its "
-                     "own (SPEC 14.1): 'recompute' is the trainer's log-probs at the weights before the batch's "
+                     "own (docs/objective.md, Stale batches): 'recompute' is the trainer's log-probs at the weights "
+                     "before the batch's "
                      "first update, weighted against the engine's by sampler_correction (decoupled PPO, exact "
                      "for stale batches of rollout.max_staleness); 'behaviour' clips around the engine's "
                      "log-probs with no sampler weight (the coupled form of TRL's async trainer and prime-rl; "
@@ -268,7 +271,7 @@ class AlgoConfig:
                      "token is weighted by ρ clamped to [floor, cap] (token_tis), by ρ or 0 outside [floor, cap] "
                      "(token_mis), "
                      "or the same with the sequence's product ratio (seq_tis, seq_mis); ρ = π_old/π_sampler, "
-                     "detached (SPEC 13.1); none switches it off.")
+                     "detached (docs/objective.md, Sampler–trainer correction); none switches it off.")
     sampler_correction_cap: float = opt(2.0, "C: the cap of the truncated weights, the largest ratio the masked "
                                              "ones keep.", gt=0)
     sampler_correction_floor: float = opt(0.0, "C_min: the lower clamp of the truncated weights, the smallest ratio "
@@ -321,7 +324,8 @@ class TrainConfig:
     steps_per_generation: int = opt(1, "Optimiser updates per batch of rollouts (TRL's name; DeepSeek-R1 used 16): "
                                        "the step's groups are split into this many mini-batches (group g in "
                                        "mini-batch g mod S), each one update with its own normaliser, all against "
-                                       "the log-probs of the policy before the first (SPEC 14.8), and replayed "
+                                       "the log-probs of the policy before the first "
+                                       "(docs/objective.md, Several updates per batch), and replayed "
                                        "algo.num_iterations times. train.steps still counts batches of rollouts. "
                                        "It must divide the groups each process trains.", ge=1)
     lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)

@@ -89,7 +89,8 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
                        "first replay the kept set at their own weights, not the sampler's")
         if why:
             out.append(f"{what}: the loss's ratio is to the policy renormalised over the kept set of each position, "
-                       f"replayed on the trainer's logits (SPEC 14.12), which is approximate here: {'; '.join(why)}")
+                       f"replayed on the trainer's logits (docs/objective.md, Top-p / top-k sampling and the ratio), "
+                       f"which is approximate here: {'; '.join(why)}")
     return out
 
 
