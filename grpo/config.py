@@ -793,7 +793,8 @@ MOVED["log.tensorboard"] = "log.trackers, a list (log.trackers=[] writes no Tens
 def _build(cls, data: Any, prefix: str):
     where = prefix.rstrip(".") or "the config"
     if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping of keys, got {type(data).__name__}")
+        trl = trl_hint(where, data, has_value=True) if prefix else None  # optim=adamw_torch: also TRL's name
+        raise ConfigError(f"{where} must be a mapping of keys, got {type(data).__name__}" + (f"; {trl}" if trl else ""))
     names = _field_names(cls)
     for key in data:
         if key not in names:

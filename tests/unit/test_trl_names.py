@@ -92,6 +92,8 @@ def test_a_trl_name_said_to_be_missing_is_not_an_option_of_grpo():
     ("log.logging_steps=5", "logging_steps is TRL's name; grpo has no such option (not needed: every step's "),
     ("output_dir=runs/x", "grpo's is train.output_dir"),
     ("seed=1", "grpo's is train.seed"),
+    ("optim=adamw_torch", "optim must be a mapping of keys, got str; optim is TRL's name; grpo has no such option "
+                          "(not offered: the optimiser is PyTorch's AdamW)"),  # grpo's section of the same name
 ])
 def test_trl_names_are_answered_with_grpos(override, message):
     with pytest.raises(ConfigError) as e:
