@@ -27,7 +27,7 @@ import yaml
 
 from grpo.algo.presets import PRESETS, preset_values
 from grpo.errors import ConfigError
-from grpo.trl_names import trl_hint
+from grpo.trl_names import trl_hint, trl_hints
 
 # What a resume may do with an option (`config_changes`): a resume must continue the uninterrupted run, so every
 # option is "refused" (it must equal the checkpoint's) unless declared "free" (it cannot change what is trained:
@@ -796,6 +796,9 @@ def _build(cls, data: Any, prefix: str):
         trl = trl_hint(where, data, has_value=True) if prefix else None  # optim=adamw_torch: also TRL's name
         raise ConfigError(f"{where} must be a mapping of keys, got {type(data).__name__}" + (f"; {trl}" if trl else ""))
     names = _field_names(cls)
+    several = trl_hints({str(k): v for k, v in data.items() if k not in names})  # a TRL config copied whole
+    if several:
+        raise ConfigError(f"unknown keys in {where}: {several}")
     for key in data:
         if key not in names:
             full = [prefix + n for n in names]

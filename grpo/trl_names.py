@@ -308,5 +308,25 @@ def trl_hint(name: str, value: Any = None, *, has_value: bool = False) -> str | 
     return text
 
 
+def trl_hints(given: dict) -> str | None:
+    """The answer to several unknown keys of one mapping (`given`: name -> value), as a TRL config copied whole
+    gives: each of TRL's names with grpo's key and the value's translation (or why grpo has none), in one line.
+    None where fewer than two are TRL's names (`trl_hint` answers one)."""
+    known = [(name, value, TRL_NAMES[name]) for name, value in given.items() if name in TRL_NAMES]
+    if len(known) < 2:
+        return None
+    parts = []
+    for name, value, entry in known:
+        setting = next((s for v, s in entry.values if value == v and type(value) is type(v)), None)
+        if setting is not None:
+            parts.append(f"{name}={_show(value)} is {setting}")
+        elif entry.ours:
+            parts.append(f"{name} is {entry.ours}")
+        else:
+            parts.append(f"{name} has no equivalent ({entry.note})")
+    return (f"{', '.join(repr(n) for n, _, _ in known)} are TRL's names; in grpo: " + "; ".join(parts)
+            + " (docs/from-trl.md says what differs)")
+
+
 def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else repr(value)

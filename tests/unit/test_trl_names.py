@@ -104,8 +104,9 @@ def test_trl_names_are_answered_with_grpos(override, message):
 
 def test_a_trl_name_in_a_yaml_file_is_answered_the_same_way(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("train:\n  learning_rate: 1.0e-5\n  num_generations: 4\n")
-    with pytest.raises(ConfigError, match="learning_rate is TRL's name; grpo's is train.lr"):
+    path.write_text("train:\n  learning_rate: 1.0e-5\n  steps: 4\n")
+    with pytest.raises(ConfigError, match="unknown key 'train.learning_rate': learning_rate is TRL's name; grpo's is "
+                                          "train.lr"):
         load_config(path)
 
 
@@ -124,3 +125,17 @@ def test_trl_hint_without_a_value_and_for_other_names():
         "TRL's loss_type='dapo' is algo.aggregation=token_mean")
     assert trl_hint("scale_rewards", 1, has_value=True).count("TRL's scale_rewards") == 0  # 1 is not True here
     assert trl_hint("stepz") is None
+
+
+def test_a_trl_config_copied_whole_is_answered_in_one_line(tmp_path):
+    path = tmp_path / "trl.yaml"
+    path.write_text("learning_rate: 1.0e-6\nnum_generations: 8\ngradient_accumulation_steps: 4\n"
+                    "loss_type: dr_grpo\nbf16: true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == (
+        "unknown keys in the config: 'learning_rate', 'num_generations', 'gradient_accumulation_steps', 'loss_type', "
+        "'bf16' are TRL's names; in grpo: learning_rate is train.lr; num_generations is rollout.group_size; "
+        "gradient_accumulation_steps has no equivalent (" + TRL_NAMES["gradient_accumulation_steps"].note + "); "
+        "loss_type='dr_grpo' is algo.aggregation=constant (L_max is rollout.max_new_tokens); "
+        "bf16=true is model.autocast_bf16=true (docs/from-trl.md says what differs)")
