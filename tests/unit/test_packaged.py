@@ -117,3 +117,8 @@ def test_the_wheel_is_installed_into_the_cache_not_the_environment(cache, monkey
     shutil.rmtree(target)
     assert packaged.packaged_model_dir("test-model") == target and capsys.readouterr().err == ""
     assert len(converted) == 2
+    # a damaged file in grpo's cache: the error says to delete that directory
+    shutil.rmtree(target)
+    (wheel_dir / "grpo_test_weights" / "model.gguf").write_bytes(b"damaged")
+    with pytest.raises(DataError, match=f"SHA-256 differs\\); delete {wheel_dir} and it is downloaded again"):
+        packaged.packaged_model_dir("test-model")
