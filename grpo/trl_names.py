@@ -176,7 +176,7 @@ TRL_NAMES: dict[str, TrlName] = {
     "max_steps": _n("train.steps", "grpo counts batches of rollouts, TRL optimiser updates: train.steps = "
                                    "max_steps / (num_iterations × train.steps_per_generation)", "-1", source=_TA),
     "num_train_epochs": _n("train.steps", "grpo has no epochs: train.steps = epochs × rows / "
-                                          "train.prompts_per_step (the data are reshuffled every epoch)", "3",
+                                          "train.prompts_per_step (the data are reshuffled every epoch)", "3.0",
                            source=_TA),
     "per_device_train_batch_size": _n("compute.micro_batch_size", "for memory; grpo's batch is "
                                       "train.prompts_per_step prompts × rollout.group_size completions: "
@@ -262,10 +262,11 @@ TRL_NAMES: dict[str, TrlName] = {
     "use_peft": _n("lora.rank", "LoRA is on when lora.rank > 0", "False", {True: "lora.rank=16 (any rank > 0)",
                                                                         False: "lora.rank=0"}, source="ModelConfig"),
     "lora_r": _n("lora.rank", "", "16", source="ModelConfig"),
-    "lora_alpha": _n("lora.alpha", "", "32", source="ModelConfig"),
+    "lora_alpha": _n("lora.alpha", "TRL's default is 32, grpo's 16", "32", source="ModelConfig"),
     "lora_dropout": _n("lora.dropout", "must be 0 in grpo (dropout would make the loss's policy differ from the "
                                        "sampler's)", "0.05", source="ModelConfig"),
-    "lora_target_modules": _n("lora.target_modules", "", "None", source="ModelConfig"),
+    "lora_target_modules": _n("lora.target_modules", "TRL's None is peft's default for the architecture; grpo's "
+                                                     "default is ['all-linear']", "None", source="ModelConfig"),
     "use_rslora": _n("", "not offered", "False", source="ModelConfig"),
     "use_dora": _n("", "not offered", "False", source="ModelConfig"),
     "load_in_4bit": _n("", "not offered: grpo trains float32 or bfloat16 weights (LoRA saves memory: lora.rank)",
