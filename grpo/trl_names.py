@@ -206,7 +206,8 @@ TRL_NAMES: dict[str, TrlName] = {
     "optim": _n("", "not offered: the optimiser is PyTorch's AdamW", "'adamw_torch_fused'", source=_TA),
     "bf16": _n("model.autocast_bf16", "TRL's bf16 is mixed precision (bfloat16 compute, float32 weights), as "
                                       "model.autocast_bf16=true; model.dtype=bfloat16 keeps the weights in bfloat16",
-               "None (True unless fp16)", {True: "model.autocast_bf16=true", False: "model.autocast_bf16=false"}, source=_TA),
+               "None (True unless fp16)", {True: "model.autocast_bf16=true", False: "model.autocast_bf16=false"},
+               source=_TA),
     "fp16": _n("", "not offered: use bfloat16 (model.autocast_bf16 or model.dtype)", "False", source=_TA),
     "tf32": _n("", "not offered", "None", source=_TA),
     "gradient_checkpointing": _n("model.gradient_checkpointing", "TRL's default is on, grpo's off", "True",
