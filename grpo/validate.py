@@ -124,6 +124,10 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values."""
     world = _world(world_size)
     _check_model_path(cfg.model.path)
+    for field, names in (("rewards", cfg.rewards), ("eval.rewards", cfg.eval.rewards)):
+        for name in names:
+            if isinstance(name, str) and name.startswith("rm:"):
+                _check_model_path(name[3:], f"{field}: {name!r}")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; name at least one reward function")
     for name in cfg.rewards:
@@ -268,15 +272,16 @@ def local_path_reason(path: str) -> str | None:
     return None
 
 
-def _check_model_path(path) -> None:
-    """A model.path that can only be local and does not exist fails here, at load, in one line: without this check
-    transformers would take it for a Hub id and retry the Hub for a minute before failing (offline)."""
+def _check_model_path(path, where: str | None = None) -> None:
+    """A model path (model.path, a reward model's rm:<path>) that can only be local and does not exist fails here,
+    at load, in one line: without this check transformers would take it for a Hub id and retry the Hub for a minute
+    before failing (offline)."""
     if not isinstance(path, str) or os.path.exists(os.path.expanduser(path)):
         return
     reason = local_path_reason(path)
     if reason is not None:
-        raise ConfigError(f"model.path {path!r} does not exist ({reason}, so it names a local directory, not a "
-                          "Hugging Face Hub id)")
+        raise ConfigError(f"{where or f'model.path {path!r}'} does not exist ({reason}, so it names a local "
+                          "directory, not a Hugging Face Hub id)")
 
 
 def _check_reward_weights(cfg: Config, num_rewards: int | None) -> None:

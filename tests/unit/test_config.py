@@ -358,3 +358,13 @@ def test_hub_ids_and_existing_directories_pass_the_model_path_check(tmp_path, mo
         assert load_config(None, [f"model.path={path}"]).model.path == path
     assert local_path_reason("org/name") is None and local_path_reason("gpt2") is None
     assert local_path_reason("my-models/y") is not None  # its first part exists here: a local path
+
+
+def test_a_reward_models_local_looking_path_that_does_not_exist_fails_at_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rewards=[rm:./no-such-rm]"])
+    assert str(e.value) == ("rewards: 'rm:./no-such-rm' does not exist (it starts with './', so it names a local "
+                            "directory, not a Hugging Face Hub id)")
+    with pytest.raises(ConfigError, match="^eval.rewards: 'rm:a/b/c' does not exist"):
+        load_config(None, ["eval.rewards=[rm:a/b/c]"])
