@@ -32,7 +32,9 @@ def render() -> str:
              "Options are set in a YAML file and/or on the command line as `dotted.key=value` (the value is read "
              "as YAML: `train.lr=1e-4`, `rewards=[exact_match]`, `algo.mask_truncated=true`). `algo.preset` "
              "fills the `algo.*` fields first; keys set explicitly win. Unknown keys, wrong types and values out "
-             "of range are errors that name the field and what is allowed.", ""]
+             "of range are errors that name the field and what is allowed; an unknown key that is one of TRL's "
+             "names (`learning_rate`, `num_generations`, ...) is answered with grpo's "
+             "([from-trl.md](from-trl.md) maps them all).", ""]
     hints = typing.get_type_hints(Config)
     names = registry_names()  # what `{names}` stands for in the help of an option that takes a registry's names
     top = []
