@@ -6,7 +6,7 @@ the expected type, a value out of range names the range, an enum value lists the
 `algo.preset` fills the algorithm fields from `grpo.algo.presets`, however the config is built (YAML or
 `AlgoConfig(preset=...)`); keys set explicitly win over the preset.
 
-This module is a leaf: it imports nothing of grpo but the errors and the preset data. The rules that involve
+This module is a leaf: it imports nothing of grpo but the errors, the presets and TRL's names. The rules that involve
 several fields or the registries (rollout backends, environments, rewards, tools) and the load warnings live in
 grpo/validate.py, which `load_config` runs through `LOAD_CHECKS`; a resume's rule (`config_changes`) reads each
 option's resume class from its declaration here.
@@ -27,6 +27,7 @@ import yaml
 
 from grpo.algo.presets import PRESETS, preset_values
 from grpo.errors import ConfigError
+from grpo.trl_names import trl_hint, trl_hints
 
 # What a resume may do with an option (`config_changes`): a resume must continue the uninterrupted run, so every
 # option is "refused" (it must equal the checkpoint's) unless declared "free" (it cannot change what is trained:
@@ -146,7 +147,8 @@ class RolloutConfig:
     temperature: float = opt(1.0, "Sampling temperature; log-probs for the loss use the same temperature.", gt=0)
     top_p: float = opt(1.0, "Nucleus sampling: keep the smallest set of tokens with this much probability (after "
                             "top_k). Under truncation the loss's ratio is to the policy renormalised over the kept "
-                            "set, replayed on the trainer's logits; the KL stays full-vocabulary (SPEC 14.12).",
+                            "set, replayed on the trainer's logits; the KL stays full-vocabulary "
+                            "(docs/objective.md, Top-p / top-k sampling and the ratio).",
                        gt=0, le=1)
     top_k: int = opt(0, "Keep only the k most likely tokens when sampling (ties kept); 0 keeps all. The loss "
                         "treats it as top_p does.", ge=0)
@@ -174,7 +176,8 @@ class RolloutConfig:
                                           "runs multi-turn episodes in which the model calls tools (the tools.* "
                                           "section; needs model.chat_template). max_new_tokens then limits each "
                                           "model turn.", names="environments")
-    max_staleness: int = opt(0, "k of asynchronous rollouts (SPEC 14.1, 14.13; docs/async.md): 0 samples each "
+    max_staleness: int = opt(0, "k of asynchronous rollouts (docs/async.md; "
+                                "docs/objective.md, Stale batches): 0 samples each "
                                 "step's batch with the weights of the step before (synchronous). k >= 1 samples "
                                 "ahead of the trainer on the engine's own thread or server: the batch trained at "
                                 "step t comes from the weights of step t-1-k (batch s <= k+1 from the initial "
@@ -267,7 +270,8 @@ class AlgoConfig:
                                       "(sampling/groups_trained).", ge=1)
     proximal: Literal["recompute", "behaviour"] = opt(
         "recompute", "π_prox, the policy the ratio is clipped around when the sampler reports log-probs of its "
-                     "own (SPEC 14.1): 'recompute' is the trainer's log-probs at the weights before the batch's "
+                     "own (docs/objective.md, Stale batches): 'recompute' is the trainer's log-probs at the weights "
+                     "before the batch's "
                      "first update, weighted against the engine's by sampler_correction (decoupled PPO, exact "
                      "for stale batches of rollout.max_staleness); 'behaviour' clips around the engine's "
                      "log-probs with no sampler weight (the coupled form of TRL's async trainer and prime-rl; "
@@ -278,7 +282,7 @@ class AlgoConfig:
                      "token is weighted by ρ clamped to [floor, cap] (token_tis), by ρ or 0 outside [floor, cap] "
                      "(token_mis), "
                      "or the same with the sequence's product ratio (seq_tis, seq_mis); ρ = π_old/π_sampler, "
-                     "detached (SPEC 13.1); none switches it off.")
+                     "detached (docs/objective.md, Sampler–trainer correction); none switches it off.")
     sampler_correction_cap: float = opt(2.0, "C: the cap of the truncated weights, the largest ratio the masked "
                                              "ones keep.", gt=0)
     sampler_correction_floor: float = opt(0.0, "C_min: the lower clamp of the truncated weights, the smallest ratio "
@@ -331,7 +335,8 @@ class TrainConfig:
     steps_per_generation: int = opt(1, "Optimiser updates per batch of rollouts (TRL's name; DeepSeek-R1 used 16): "
                                        "the step's groups are split into this many mini-batches (group g in "
                                        "mini-batch g mod S), each one update with its own normaliser, all against "
-                                       "the log-probs of the policy before the first (SPEC 14.8), and replayed "
+                                       "the log-probs of the policy before the first "
+                                       "(docs/objective.md, Several updates per batch), and replayed "
                                        "algo.num_iterations times. train.steps still counts batches of rollouts. "
                                        "It must divide the groups each process trains.", ge=1)
     lr: float = opt(2e-4, "Peak learning rate of AdamW.", gt=0)
@@ -799,8 +804,12 @@ MOVED["log.tensorboard"] = "log.trackers, a list (log.trackers=[] writes no Tens
 def _build(cls, data: Any, prefix: str):
     where = prefix.rstrip(".") or "the config"
     if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping of keys, got {type(data).__name__}")
+        trl = trl_hint(where, data, has_value=True) if prefix else None  # optim=adamw_torch: also TRL's name
+        raise ConfigError(f"{where} must be a mapping of keys, got {type(data).__name__}" + (f"; {trl}" if trl else ""))
     names = _field_names(cls)
+    several = trl_hints({str(k): v for k, v in data.items() if k not in names})  # a TRL config copied whole
+    if several:
+        raise ConfigError(f"unknown keys in {where}: {several}")
     for key in data:
         if key not in names:
             full = [prefix + n for n in names]
@@ -808,6 +817,11 @@ def _build(cls, data: Any, prefix: str):
             hint = f"; did you mean {close[0]!r}?" if close else ""
             if prefix + str(key) in MOVED:
                 hint = f"; it is now {MOVED[prefix + str(key)]}"
+            elif trl_hint(str(key)) is not None:  # TRL's name (learning_rate, num_generations, ...): grpo's
+                raise ConfigError(f"unknown key {prefix + str(key)!r}: "
+                                  f"{trl_hint(str(key), data[key], has_value=True)}")
+            elif _elsewhere(str(key)):
+                hint = f"; did you mean {' or '.join(map(repr, _elsewhere(str(key))))}?"
             raise ConfigError(f"unknown key {prefix + str(key)!r}{hint} (valid keys in {where}: "
                               f"{', '.join(names)})")
     values = {}
@@ -822,6 +836,11 @@ def _build(cls, data: Any, prefix: str):
             values[f.name] = _coerce(data[f.name], tp, name)
             _check_range(values[f.name], f.metadata, name)
     return cls(**values)
+
+
+def _elsewhere(name: str) -> list[str]:
+    """The options named `name` in the sections (`train.temperature` is rollout.temperature or eval.temperature)."""
+    return [key for key, _, _ in options() if key.rpartition(".")[2] == name]
 
 
 def _type_name(tp: Any) -> str:

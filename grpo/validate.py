@@ -90,7 +90,8 @@ def traps(cfg: Config, explicit: set[str] | None = None) -> list[str]:
                        "first replay the kept set at their own weights, not the sampler's")
         if why:
             out.append(f"{what}: the loss's ratio is to the policy renormalised over the kept set of each position, "
-                       f"replayed on the trainer's logits (SPEC 14.12), which is approximate here: {'; '.join(why)}")
+                       f"replayed on the trainer's logits (docs/objective.md, Top-p / top-k sampling and the ratio), "
+                       f"which is approximate here: {'; '.join(why)}")
     if r.repetition_penalty != 1:  # history-dependent: no kept set to replay, the sampler's softmax is not the policy's
         engine = ("; the engine's log-probs are of the penalised distribution, so mismatch/* counts the penalty and "
                   "algo.sampler_correction reweights toward the unpenalised policy" if r.backend != "hf" else "")
@@ -129,6 +130,11 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     processes (None: torchrun's WORLD_SIZE, or 1). `num_rewards`: how many Python reward functions replace
     `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values."""
     world = _world(world_size)
+    _check_model_path(cfg.model.path)
+    for field, names in (("rewards", cfg.rewards), ("eval.rewards", cfg.eval.rewards)):
+        for name in names:
+            if isinstance(name, str) and name.startswith("rm:"):
+                _check_model_path(name[3:], f"{field}: {name!r}")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; name at least one reward function")
     for name in cfg.rewards:
@@ -258,6 +264,37 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.optim.warmup_steps >= cfg.train.steps:
         raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be less than train.steps="
                           f"{cfg.train.steps}")
+
+
+def local_path_reason(path: str) -> str | None:
+    """Why `path` can only be a local directory, not a Hugging Face Hub id (`name` or `org/name`): it starts with
+    `./`, `../`, `/` or `~` (or is `.` or `..`), has more than one `/`, ends with `/`, or has one `/` after a first
+    part that is a directory here (`my-models/x` where ./my-models exists). None: it may be a Hub id."""
+    if path in (".", ".."):
+        return f"it is {path!r}"
+    for start in ("./", "../", "/", "~"):
+        if path.startswith(start):
+            return f"it starts with {start!r}"
+    if path.count("/") > 1:
+        return "it has more than one '/', which a Hub id (name or org/name) never has"
+    if path.endswith("/"):
+        return "it ends with '/'"
+    first = path.partition("/")[0]
+    if "/" in path and os.path.isdir(first):
+        return f"its first part, {first!r}, is a directory here"
+    return None
+
+
+def _check_model_path(path, where: str | None = None) -> None:
+    """A model path (model.path, a reward model's rm:<path>) that can only be local and does not exist fails here,
+    at load, in one line: without this check transformers would take it for a Hub id and retry the Hub for a minute
+    before failing (offline)."""
+    if not isinstance(path, str) or os.path.exists(os.path.expanduser(path)):
+        return
+    reason = local_path_reason(path)
+    if reason is not None:
+        raise ConfigError(f"{where or f'model.path {path!r}'} does not exist ({reason}, so it names a local "
+                          "directory, not a Hugging Face Hub id)")
 
 
 def _check_reward_weights(cfg: Config, num_rewards: int | None) -> None:

@@ -22,9 +22,13 @@ SMALL = [f"model.path={NAME}", "model.chat_template=true", "data.task=arithmetic
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     """A cache of this test module's own, so the conversion (and the install, where the wheel is missing) runs."""
+    from grpo.packaged import PACKAGED, package_dir, packaged_model_dir
+    wheel = package_dir(PACKAGED[NAME])  # the wheel grpo installed in the usual cache, if any: not downloaded again
     old = os.environ.get("GRPO_CACHE")
     os.environ["GRPO_CACHE"] = str(tmp_path_factory.mktemp("grpo-cache"))
-    from grpo.packaged import packaged_model_dir
+    if wheel.is_dir():
+        package_dir(PACKAGED[NAME]).parent.mkdir(parents=True)
+        package_dir(PACKAGED[NAME]).symlink_to(wheel)
     path = packaged_model_dir(NAME)
     yield path
     if old is None:

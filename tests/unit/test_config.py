@@ -332,3 +332,39 @@ def test_help_and_docs_list_the_names_registered(monkeypatch, capsys):
         assert "built-in ('calculator', 'python', 'my_tool')" in shown
         assert "'final_number', 'code', 'my_reward') or 'module:function'" in shown
     assert "the rollout backends registered" in describe_options()  # without the registries: named, not listed
+
+
+@pytest.mark.parametrize("path, reason", [
+    ("./x", "it starts with './'"), ("../x", "it starts with '../'"), ("/no/such/model", "it starts with '/'"),
+    ("~/no-such-model", "it starts with '~'"), ("x/", "it ends with '/'"),
+    ("a/b/c", "it has more than one '/', which a Hub id (name or org/name) never has"),
+    ("my-models/x", "its first part, 'my-models', is a directory here"),
+])
+def test_a_local_looking_model_path_that_does_not_exist_fails_at_load(path, reason, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-models").mkdir()
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [f"model.path={path}"])
+    assert str(e.value) == (f"model.path {path!r} does not exist ({reason}, so it names a local directory, not a "
+                            "Hugging Face Hub id)")
+
+
+def test_hub_ids_and_existing_directories_pass_the_model_path_check(tmp_path, monkeypatch):
+    from grpo.validate import local_path_reason
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-models" / "x").mkdir(parents=True)
+    for path in ["org/name", "gpt2", "tiny", "smollm2-135m-instruct", "my-models/x", "./my-models/x",
+                 str(tmp_path / "my-models" / "x")]:
+        assert load_config(None, [f"model.path={path}"]).model.path == path
+    assert local_path_reason("org/name") is None and local_path_reason("gpt2") is None
+    assert local_path_reason("my-models/y") is not None  # its first part exists here: a local path
+
+
+def test_a_reward_models_local_looking_path_that_does_not_exist_fails_at_load(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rewards=[rm:./no-such-rm]"])
+    assert str(e.value) == ("rewards: 'rm:./no-such-rm' does not exist (it starts with './', so it names a local "
+                            "directory, not a Hugging Face Hub id)")
+    with pytest.raises(ConfigError, match="^eval.rewards: 'rm:a/b/c' does not exist"):
+        load_config(None, ["eval.rewards=[rm:a/b/c]"])
