@@ -64,12 +64,15 @@ TRL_NAMES: dict[str, TrlName] = {
     "temperature": _n("rollout.temperature", "", "1.0"),
     "top_p": _n("rollout.top_p", "", "1.0"),
     "top_k": _n("rollout.top_k", "0 keeps every token in both", "0"),
-    "min_p": _n("", "not offered in this version; rollout.top_p and rollout.top_k truncate the sampler", "None"),
+    "min_p": _n("rollout.min_p", "0 is off in grpo (TRL's None); it joins the kept set that top_p and top_k "
+                                 "truncate to, which the loss replays", "None"),
     "generation_kwargs": _n("", "the sampler's settings are the rollout.* options (temperature, top_p, top_k, "
-                                "min_new_tokens, max_new_tokens); others are not offered", "None"),
+                                "min_p, repetition_penalty, stop, min_new_tokens, max_new_tokens); others are not "
+                                "offered", "None"),
     "chat_template_kwargs": _n("", "not offered in this version: model.chat_template=true applies the tokenizer's "
                                    "template as it is, with model.system_prompt", "None"),
-    "repetition_penalty": _n("", "not offered in this version", "1.0"),
+    "repetition_penalty": _n("rollout.repetition_penalty", "transformers' and vLLM's definition; warns at load: "
+                                                       "the loss's ratio and KL are the unpenalised policy's", "1.0"),
     "cache_implementation": _n("", _HF_LOOP, "None"),
     "use_vllm": _n("rollout.backend", "", "False",
                    {True: "rollout.backend=vllm", False: "rollout.backend=hf"}),
