@@ -18,10 +18,10 @@ import warnings
 import torch
 
 from grpo.config import LOAD_CHECKS, Config, explicit_keys
-from grpo.envs import ENVIRONMENTS
+from grpo.envs import ENVIRONMENTS, resolve_environment
 from grpo.errors import ConfigError
 from grpo.rewards import REWARDS, resolve_reward
-from grpo.rollout import BACKENDS
+from grpo.rollout import BACKENDS, resolve_backend
 from grpo.envs.tool_calls import TOOL_PARSERS, TOOLS, load_tools
 
 
@@ -146,12 +146,8 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if "overlong" in cfg.rewards and cfg.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} is larger than rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}; the penalty ramps over the last overlong_buffer tokens")
-    if cfg.rollout.backend not in BACKENDS:
-        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} is not a rollout backend; choose one of "
-                          f"{', '.join(map(repr, BACKENDS))}")
-    if cfg.rollout.environment not in ENVIRONMENTS:
-        raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
-                          f"{', '.join(map(repr, ENVIRONMENTS))}")
+    resolve_backend(cfg.rollout.backend)  # a built-in name, or a 'module:Name' that imports and is a backend
+    resolve_environment(cfg.rollout.environment)  # the same for environments
     if cfg.rollout.environment == "tools":
         if not cfg.model.chat_template:
             raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
