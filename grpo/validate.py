@@ -20,6 +20,7 @@ import torch
 from grpo.config import LOAD_CHECKS, Config, explicit_keys
 from grpo.envs import ENVIRONMENTS, resolve_environment
 from grpo.errors import ConfigError
+from grpo.imports import accepts
 from grpo.rewards import REWARDS, resolve_reward
 from grpo.rollout import BACKENDS, resolve_backend
 from grpo.envs.tool_calls import TOOL_PARSERS, TOOLS, load_tools
@@ -147,7 +148,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} is larger than rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}; the penalty ramps over the last overlong_buffer tokens")
     resolve_backend(cfg.rollout.backend)  # a built-in name, or a 'module:Name' that imports and is a backend
-    resolve_environment(cfg.rollout.environment)  # the same for environments
+    environment = resolve_environment(cfg.rollout.environment)  # the same for environments
+    if not isinstance(environment, str) and accepts(environment, "tools"):
+        load_tools(cfg.tools.names)  # a user's environment that takes tools gets tools.names's
     if cfg.rollout.environment == "tools":
         if not cfg.model.chat_template:
             raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
