@@ -92,3 +92,27 @@ def test_the_example_environment_from_the_python_api(guess_env, tmp_path):
     assert calls and all(isinstance(r.episodes, list) for _, _, r, _ in calls)
     saved = yaml.safe_load((tmp_path / "api" / "config.yaml").read_text())
     assert saved["rollout"]["environment"] == "guess_env:GuessNumber"
+
+
+WRAPPED = []
+
+
+def counted_hf(model, tokenizer, cfg):
+    """A rollout backend of one's own, named as 'module:factory': the in-process generator, kept for the test."""
+    from grpo.rollout import HFGenerator
+
+    generator = HFGenerator(model, tokenizer, add_special_tokens=not cfg.model.chat_template)
+    WRAPPED.append(generator)
+    return generator
+
+
+def test_a_backend_of_ones_own_from_the_config(tmp_path):
+    out = tmp_path / "backend"
+    cfg = load_config(None, ["model.path=tiny", "rollout.backend=test_custom_env_train:counted_hf",
+                             "rollout.group_size=4", "train.prompts_per_step=2", "train.steps=2", "eval.size=4",
+                             "eval.pass_k=0", "algo.dynamic_sampling=false", f"train.output_dir={out}", *QUIET])
+    train(cfg)
+    assert len(WRAPPED) == 1 and WRAPPED[0].version == 2  # built once, synced after each step
+    logged = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if "loss" in r] == [1, 2] and "eval/accuracy" in logged[-1]
+    assert yaml.safe_load((out / "config.yaml").read_text())["rollout"]["backend"] == "test_custom_env_train:counted_hf"
