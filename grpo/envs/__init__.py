@@ -97,8 +97,9 @@ def build_environment(model, tokenizer, cfg, *, all_finished: Callable[[bool], b
     (one that takes none is refused, so tools are never dropped silently).
 
     What the Python API gave is recorded in `cfg` (its `rollout` and `tools` sections are replaced), so that the
-    run's config.yaml names what ran: `rollout.environment` becomes 'tools' or the user's class as
-    'module:Name', `tools.names` the tools' names ('module:function' for a function)."""
+    run's config.yaml names what ran: `rollout.environment` becomes 'tools', or the user's class or factory as
+    'module:Name' (for an object or a lambda, the environment's class), `tools.names` the tools' names
+    ('module:function' for a function)."""
     field = "rollout.environment" if environment is None else "environment"
     tools = None if tools is None else list(tools)
     spec = resolve_environment(cfg.rollout.environment if environment is None else environment, field=field)
@@ -132,8 +133,9 @@ def build_environment(model, tokenizer, cfg, *, all_finished: Callable[[bool], b
         if not _is_environment(env):
             raise ConfigError(f"{field}: {_label(spec)} returned a {type(env).__name__}, which has no "
                               "rollout(generator, examples, sampling, seeds) method")
-    if environment is not None:
-        _record(cfg, qualified_name(spec if not _is_environment(spec) else type(spec)), tools)
+    if environment is not None:  # the class or factory, else (an object, a lambda) the environment's class
+        made = None if _is_environment(spec) else qualified_name(spec)
+        _record(cfg, made or qualified_name(type(env)) or type(env).__name__, tools)
     elif tools is not None:
         _record(cfg, None, tools)
     return env

@@ -210,7 +210,12 @@ def test_environment_object_class_or_factory(tiny):
     assert cfg.rollout.environment == f"{HERE}:Echo"  # the config records what ran
     env = build_environment(tiny, CHAR, Config(), environment=Echo)
     assert isinstance(env, Echo) and env is not ECHO
-    assert isinstance(build_environment(tiny, CHAR, Config(), environment=make_echo), Echo)
+    cfg = Config()
+    assert isinstance(build_environment(tiny, CHAR, cfg, environment=make_echo), Echo)
+    assert cfg.rollout.environment == f"{HERE}:make_echo"
+    cfg = Config()
+    build_environment(tiny, CHAR, cfg, environment=lambda tokenizer: Echo(tokenizer))
+    assert cfg.rollout.environment == f"{HERE}:Echo"  # a lambda has no name: what it made
     with pytest.raises(ConfigError, match="environment: .*NoRollout is a class without a rollout method"):
         build_environment(tiny, CHAR, Config(), environment=NoRollout)
     with pytest.raises(ConfigError, match="environment='nope' is not an environment"):
