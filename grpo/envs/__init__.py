@@ -49,9 +49,6 @@ def _load_tools(cfg, tools: Sequence | None) -> dict:
 # a new built-in environment adds one entry here (and its options, if any, to a section of its own)
 ENVIRONMENTS: dict[str, Callable[..., Environment]] = {"single_turn": _single_turn, "tools": _tools}
 
-# what a user's environment class or factory may take, by name
-BUILDER_ARGUMENTS = ("model", "tokenizer", "cfg", "all_finished", "tools")
-
 
 def _is_environment(obj) -> bool:
     return not inspect.isclass(obj) and callable(getattr(obj, "rollout", None))
@@ -154,5 +151,5 @@ def _label(spec) -> str:
     return repr(spec) if isinstance(spec, str) else (qualified_name(spec) or type(spec).__name__)
 
 
-__all__ = ["BUILDER_ARGUMENTS", "ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "prompt_formatter",
+__all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "prompt_formatter",
            "resolve_environment"]

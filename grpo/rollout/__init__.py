@@ -37,9 +37,8 @@ def snapshot_weights(model) -> dict:
     return snapshot(model)
 
 
-# the methods a generator must have (`Generator`), and what a user's class or factory may take, by name
+# the methods a generator must have (`Generator`)
 GENERATOR_METHODS = ("generate", "sync_weights", "close")
-BUILDER_ARGUMENTS = ("model", "tokenizer", "cfg", "all_finished", "world_size", "run_dir", "group")
 
 
 def resolve_backend(spec: str, *, field: str = "rollout.backend"):
@@ -81,9 +80,9 @@ def build_generator(model, tokenizer, cfg, *, all_finished: Callable[[bool], boo
     from grpo.errors import ConfigError
     from grpo.imports import call_builder
 
-    # a user's backend: called with what its signature names (grpo.imports.call_builder)
-    available = {"model": model, "tokenizer": tokenizer, "cfg": cfg,
-                 "all_finished": all_finished or (lambda done: done), "world_size": world_size, "run_dir": run_dir, "group": group}
+    # a user's backend: called with the arguments its signature names among these (grpo.imports.call_builder)
+    available = {"model": model, "tokenizer": tokenizer, "cfg": cfg, "all_finished": all_finished or (lambda d: d),
+                 "world_size": world_size, "run_dir": run_dir, "group": group}
     generator = call_builder(spec, available, field="rollout.backend", what="the rollout backend")
     missing = [m for m in GENERATOR_METHODS if not callable(getattr(generator, m, None))]
     if missing:
@@ -97,6 +96,6 @@ def build_generator(model, tokenizer, cfg, *, all_finished: Callable[[bool], boo
     return generator
 
 
-__all__ = ["BACKENDS", "BUILDER_ARGUMENTS", "EVAL", "GENERATOR_METHODS", "SAMPLE", "TRAIN", "Generator", "HFGenerator",
+__all__ = ["BACKENDS", "EVAL", "GENERATOR_METHODS", "SAMPLE", "TRAIN", "Generator", "HFGenerator",
            "Rollout", "Sampling", "build_generator", "resolve_backend", "rollout_sampling", "sample_next",
            "sampling_seed", "snapshot_weights"]

@@ -3,7 +3,6 @@
 `train` as a class: its episodes have the turn structure and loss masks it promises, evaluation calls it as the
 contract says (with seeds), and the run's config.yaml names it."""
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -63,7 +62,7 @@ def test_the_example_environment_trains_from_the_config(guess_env, tmp_path):
     assert {s.temperature for s, _ in evals} == {0.0, 1.0} and all(len(seeds) == 6 for _, seeds in evals)
 
     multi = 0
-    for sampling, seeds, r, tok in calls:
+    for _, _, r, tok in calls:
         for i, e in enumerate(r.episodes):
             k = int(r.lengths[i])
             tokens, loss = r.completion_ids[i, :k].tolist(), r.loss_mask[i, :k].tolist()
@@ -78,6 +77,8 @@ def test_the_example_environment_trains_from_the_config(guess_env, tmp_path):
             assert all(f" {h}\n" in HINTS for h in hints)
             multi += bool(hints)
             # every model turn but a truncated last one ends with EOS; the loss counts the model's tokens only
+            own = [t for t, m in zip(tokens, loss) if m == 1]
+            assert own.count(tok.eos_token_id) == e.turns - bool(r.truncated[i])
             assert sum(loss) == k - len(inserted) and r.loss_mask.dtype == torch.long
             assert e.stop in ("done", "max_turns", "turn_length", "context")
             assert bool(r.truncated[i]) == (e.stop == "turn_length")

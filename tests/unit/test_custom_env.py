@@ -281,8 +281,9 @@ def test_from_tokens_pads_like_the_built_in_generator(tiny):
     h = HFGenerator(tiny, CHAR).generate(["1+2="], Sampling(2, 4, temperature=0.0))
     for name in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "truncated", "loss_mask"):
         assert getattr(r, name).dtype == getattr(h, name).dtype, name
-    again = Rollout.from_tokens(h.prompt_ids[:, -4:].tolist(), [row[:k].tolist() for row, k in zip(
-        h.completion_ids, h.lengths.tolist())], pad_id=CHAR.pad_token_id, truncated=h.truncated.tolist(), tokenizer=CHAR)
+    completions = [row[:k].tolist() for row, k in zip(h.completion_ids, h.lengths.tolist())]
+    again = Rollout.from_tokens(h.prompt_ids[:, -4:].tolist(), completions, pad_id=CHAR.pad_token_id,
+                                truncated=h.truncated.tolist(), tokenizer=CHAR)
     assert again.texts == h.texts and torch.equal(again.completion_mask, h.completion_mask)
     assert torch.equal(again.loss_mask, h.loss_mask) and again.loss_mask.dtype == h.loss_mask.dtype
     # defaults: no loss mask given is every token the model's; no logprobs, episodes or versions
