@@ -170,12 +170,16 @@ class RolloutConfig:
                              "'vllm' samples with a vLLM engine in each training process, sharing its device, its "
                              "weights replaced after every training step (pip install -e '.[vllm]'; the vllm.* "
                              "section); 'vllm_server' samples on vLLM servers, launched for the run or running "
-                             "already (the vllm_server.* section, docs/vllm.md).", names="rollout backends")
+                             "already (the vllm_server.* section, docs/vllm.md). Or 'module:Name': a Generator "
+                             "class or factory of your own (docs/training.md, \"Your own rollout backend\").",
+                      names="rollout backends")
     environment: str = opt("single_turn", "How a prompt becomes an episode, a name in grpo.envs.ENVIRONMENTS "
                                           "({names}): 'single_turn' samples one completion per episode; 'tools' "
                                           "runs multi-turn episodes in which the model calls tools (the tools.* "
                                           "section; needs model.chat_template). max_new_tokens then limits each "
-                                          "model turn.", names="environments")
+                                          "model turn. Or 'module:Name': an environment of your own, its class, "
+                                          "factory or object (docs/tools.md, \"Your own environment\").",
+                          names="environments")
     max_staleness: int = opt(0, "k of asynchronous rollouts (docs/async.md; "
                                 "docs/objective.md, Stale batches): 0 samples each "
                                 "step's batch with the weights of the step before (synchronous). k >= 1 samples "

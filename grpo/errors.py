@@ -39,32 +39,3 @@ def os_reason(e: OSError) -> str:
     """An OSError as its reason and the file it concerns: "No space left on device (writing model.safetensors)"."""
     reason = e.strerror or " ".join(str(e).split()) or type(e).__name__
     return f"{reason} (writing {os.path.basename(e.filename)})" if e.filename else reason
-
-
-def import_callable(name: str, *, field: str, what: str):
-    """The callable a config names as 'module:function' (a reward, a tool); a ConfigError that names the config
-    `field` when it cannot be imported or is not callable."""
-    module, _, attr = name.partition(":")
-    try:
-        fn = getattr(_import_module(module), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError(f"{field}: cannot import {what} {name!r}: {e}") from None
-    if not callable(fn):
-        raise ConfigError(f"{field}: {name!r} is not callable")
-    return fn
-
-
-def _import_module(module: str):
-    """Import `module`, looking in the current directory last, as `python -m` users expect of `grpo train`."""
-    import importlib
-    import os
-    import sys
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        here = os.getcwd()
-        if e.name != module.split(".")[0] or here in sys.path or "" in sys.path:
-            raise
-        sys.path.append(here)
-        return importlib.import_module(module)

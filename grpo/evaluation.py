@@ -45,7 +45,10 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     per = math.ceil(n / dist.world_size)
     index = [min(i, n - 1) for i in range(dist.rank * per, (dist.rank + 1) * per)]  # padded to equal shares
     mine = [examples[i] for i in index]
-    greedy = environment.rollout(generator, mine, Sampling(1, max_new_tokens, temperature=0.0))
+    # one seed per example, for the greedy pass too: every environment is called as the contract says,
+    # rollout(generator, examples, sampling, seeds) (grpo.envs.base)
+    seeds = [sampling_seed(seed, EVAL, i) for i in index]
+    greedy = environment.rollout(generator, mine, Sampling(1, max_new_tokens, temperature=0.0), seeds)
     ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1, episode_fields(greedy))[:, 0].float())[:n].bool()
     lengths = dist.gather(greedy.lengths.float().cpu())[:n]
     metrics = {"eval/accuracy": ok.float().mean().item(), "eval/mean_length": lengths.mean().item()}
@@ -62,7 +65,6 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     if len(families) > 1:
         metrics.update({f"eval/accuracy/{k}": sum(v) / len(v) for k, v in sorted(families.items())})
     if pass_k > 0:
-        seeds = [sampling_seed(seed, EVAL, i) for i in index]
         sampled = environment.rollout(generator, mine, Sampling(pass_k, max_new_tokens, temperature, top_p), seeds)
         hits = _correct(correct_fn, mine, sampled.texts, pass_k, episode_fields(sampled)).float()
         hits = dist.gather(hits.reshape(-1)).view(-1, pass_k)[:n].bool()

@@ -85,13 +85,14 @@ class TrainState:
     entropy: dict = field(default_factory=dict)  # {"coef", "last_entropy" (None: +∞)} of algo.use_adaptive_entropy
 
 
-def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None) -> TrainResult:
+def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None, tools=None,
+          environment=None) -> TrainResult:
     """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables (the run's config.yaml then
     names them, `recorded_name`, and a resume with others is refused). Without `dist`, the processes torchrun
     describes in the environment (one process without torchrun) are the run's."""
     if dist is None:
         with process_group() as dist:
-            return train(cfg, rewards=rewards, dist=dist)
+            return train(cfg, rewards=rewards, dist=dist, tools=tools, environment=environment)
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
     validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
     if rewards is not None:  # the run's config says which functions it was trained with
@@ -104,7 +105,7 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     torch.manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)
     with _run_lock(out, dist):  # before anything in the directory is read or written: one run at a time
-        return _claimed(cfg, rewards, dist, out, started)
+        return _claimed(cfg, rewards, dist, out, started, tools, environment)
 
 
 @contextlib.contextmanager
@@ -127,7 +128,8 @@ def _run_lock(out: Path, dist: Dist):
             lock.release()
 
 
-def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path, started: float) -> TrainResult:
+def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path, started: float, tools=None,
+             environment=None) -> TrainResult:
     """The run, in the directory this process group holds."""
     # before anything is built or written: a new run refuses a directory that holds one (grpo/rundir.py)
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
@@ -136,7 +138,8 @@ def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path,
     dist.barrier()
     writing = False
     try:
-        run = _build(cfg, rewards, dist)  # a broken reward, model or data set fails here, the old run still whole
+        # a broken reward, model or data set fails here, the old run still whole
+        run = _build(cfg, rewards, dist, tools, environment)
         if dist.is_main:
             clear(out, replaced)
         writing = True
@@ -370,18 +373,18 @@ class _Run:
         return reference_weights(sync.reference_model) if sync.every and sync.reference_model is not None else None
 
 
-def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist) -> _Run:
+def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, tools=None, environment=None) -> _Run:
     """The run's objects (`_built`); a reward that holds a process of its own (a judge's launched server, started
     by the probe of the rewards) is stopped if the rest of the build fails."""
     made: list = []
     try:
-        return _built(cfg, rewards, dist, made)
+        return _built(cfg, rewards, dist, made, tools, environment)
     except BaseException:
         close_rewards(made)
         raise
 
 
-def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list) -> _Run:
+def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, tools=None, environment=None) -> _Run:
     """Model, reference, generator, environment, rewards, optimiser and data, each from its config section."""
     m, a, c = cfg.model, cfg.algo, cfg.compute
     task = load_task(cfg.data, cfg.train.seed)
@@ -400,7 +403,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list) 
     # asynchronous sampling runs its collectives in a group of its own, on its own thread (grpo/ahead.py)
     sampling_dist = dist.own_group() if cfg.rollout.max_staleness else dist
     all_finished = lambda done: not sampling_dist.any(not done)  # noqa: E731 - every process is done
-    environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished)
+    environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished, tools=tools,
+                                    environment=environment)
     build = functools.partial(build_rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
                               overlong_buffer=cfg.overlong_buffer, sandbox_limits=Limits.from_config(cfg.sandbox),
                               reward_model=cfg.reward_model, device=str(next(policy.parameters()).device),

@@ -18,10 +18,11 @@ import warnings
 import torch
 
 from grpo.config import LOAD_CHECKS, Config, explicit_keys
-from grpo.envs import ENVIRONMENTS
+from grpo.envs import ENVIRONMENTS, resolve_environment
 from grpo.errors import ConfigError
+from grpo.imports import accepts
 from grpo.rewards import REWARDS, resolve_reward
-from grpo.rollout import BACKENDS
+from grpo.rollout import BACKENDS, resolve_backend
 from grpo.envs.tool_calls import TOOL_PARSERS, TOOLS, load_tools
 
 
@@ -162,12 +163,10 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if "overlong" in cfg.rewards and cfg.overlong_buffer > cfg.rollout.max_new_tokens:
         raise ConfigError(f"overlong_buffer={cfg.overlong_buffer} is larger than rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}; the penalty ramps over the last overlong_buffer tokens")
-    if cfg.rollout.backend not in BACKENDS:
-        raise ConfigError(f"rollout.backend={cfg.rollout.backend!r} is not a rollout backend; choose one of "
-                          f"{', '.join(map(repr, BACKENDS))}")
-    if cfg.rollout.environment not in ENVIRONMENTS:
-        raise ConfigError(f"rollout.environment={cfg.rollout.environment!r} is not an environment; choose one of "
-                          f"{', '.join(map(repr, ENVIRONMENTS))}")
+    resolve_backend(cfg.rollout.backend)  # a built-in name, or a 'module:Name' that imports and is a backend
+    environment = resolve_environment(cfg.rollout.environment)  # the same for environments
+    if not isinstance(environment, str) and accepts(environment, "tools"):
+        load_tools(cfg.tools.names)  # a user's environment that takes tools gets tools.names's
     if cfg.rollout.environment == "tools":
         if cfg.rollout.stop:
             raise ConfigError("rollout.stop ends a model turn at a stop string, and rollout.environment=tools needs "

@@ -1,7 +1,10 @@
 """The environment seam: how the prompts of a step become finished episodes (docs/training.md, "Environments").
 
-An environment receives the generator, the examples of this process's share of the step (prompt text, answer,
-extra fields), the sampling settings (n = G episodes per example) and one sampling seed per example. It returns
+An environment is called as `rollout(generator, examples, sampling, seeds)`, always with these four arguments,
+positionally: by training (`grpo.sampling`), by evaluation (the greedy pass and pass@k, `grpo.evaluation`) and by
+`grpo sample`. It receives the generator, the examples of this process's share of the step (prompt text, answer,
+extra fields), the sampling settings (n = G episodes per example; temperature 0 is greedy) and one sampling seed
+per example (a list of ints, never None). It returns
 one `Rollout` of N = examples × n episodes, example by example, in which:
 - `prompt_ids`/`prompt_mask` hold what the model was first given (left-padded), and `completion_ids` everything
   after it (right-padded): for one turn, the model's completion; for several, the model's turns and what the
@@ -20,7 +23,9 @@ An episode's randomness must come from its example's seed alone (not from the ba
 are the same for any number of processes and after a resume; and every process must make the same number of
 generator calls (decoding steps can be collective).
 
-Environments are named in `grpo.envs.ENVIRONMENTS` and chosen by `rollout.environment`.
+`Rollout.from_tokens` builds the Rollout from each episode's token lists (padding, masks, dtypes), so that an
+environment need not pad tensors itself. Built-in environments are named in `grpo.envs.ENVIRONMENTS`;
+`rollout.environment` chooses one of them or a user's 'module:Name' (`grpo.envs.build_environment`).
 """
 from __future__ import annotations
 
@@ -59,5 +64,6 @@ def episode_fields(rollout: Rollout) -> dict[str, list]:
 
 class Environment(Protocol):
     def rollout(self, generator: Generator, examples: Sequence[Example], sampling: Sampling,
-                seeds: Sequence[int] | None = None) -> Rollout:
-        """`sampling.n` episodes per example, example by example (see the module docstring)."""
+                seeds: Sequence[int]) -> Rollout:
+        """`sampling.n` episodes per example, example by example (see the module docstring); `seeds`: one per
+        example, always given."""

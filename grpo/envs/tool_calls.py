@@ -28,7 +28,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo.errors import ConfigError, DataError, import_callable
+from grpo.errors import ConfigError, DataError
+from grpo.imports import import_callable
 
 
 @dataclass(frozen=True)
@@ -302,21 +303,27 @@ def python_tool(limits=None) -> Callable[[str], str]:
 TOOLS: dict[str, Callable] = {"calculator": calculator, "python": python_tool}
 
 
-def load_tools(names: Sequence[str], *, timeout_s: float = 10.0, max_chars: int = 2000,
-               sandbox_limits=None) -> dict[str, Tool]:
-    """The configured tools by name: built-ins from `TOOLS`, or importable `module:function`s. `sandbox_limits`
-    (`grpo.sandbox.Limits`) bound the `python` tool's executions."""
+def load_tools(names: Sequence[str | Callable[..., str]], *, timeout_s: float = 10.0, max_chars: int = 2000,
+               sandbox_limits=None, field: str = "tools.names") -> dict[str, Tool]:
+    """The configured tools: built-ins by name (`TOOLS`), importable 'module:function's, or Python functions
+    themselves (`grpo.train(tools=[fn])`). `sandbox_limits` (`grpo.sandbox.Limits`) bound the `python` tool's
+    executions; `field` is what errors name (`tools.names`, or `tools` for the Python API)."""
     out: dict[str, Tool] = {}
     for name in names:
-        if name in TOOLS:
+        if callable(name):
+            fn = name
+        elif not isinstance(name, str):
+            raise ConfigError(f"{field}: {name!r} is not a tool: give a built-in name ({', '.join(TOOLS)}), an "
+                              "importable 'module:function' or a Python function")
+        elif name in TOOLS:
             fn = python_tool(sandbox_limits) if name == "python" else TOOLS[name]
         elif ":" in name:
-            fn = import_callable(name, field="tools.names", what="tool")
+            fn = import_callable(name, field=field, what="tool")
         else:
-            raise ConfigError(f"tools.names: unknown tool {name!r}; built-in tools are {', '.join(TOOLS)}, or give "
+            raise ConfigError(f"{field}: unknown tool {name!r}; built-in tools are {', '.join(TOOLS)}, or give "
                               "an importable 'module:function'")
         tool = Tool(fn, timeout_s=timeout_s, max_chars=max_chars)
         if tool.name in out:
-            raise ConfigError(f"tools.names: two tools are named {tool.name!r}")
+            raise ConfigError(f"{field}: two tools are named {tool.name!r}")
         out[tool.name] = tool
     return out

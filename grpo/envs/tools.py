@@ -34,8 +34,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-import torch
-
 from grpo.envs.base import Episode
 from grpo.errors import DataError
 from grpo.rollout import Generator, Rollout, Sampling
@@ -223,30 +221,17 @@ class ToolEnvironment:
             return [ToolCall("", error=f"error: the tool call could not be read ({type(e).__name__}: {e})"[:300])]
 
     def _assemble(self, episodes: list[_Episode], with_logp: bool, version) -> Rollout:
-        n = len(episodes)
-        lp = max(len(ep.prompt) for ep in episodes)
-        width = max(1, max(len(ep.tokens) for ep in episodes))
-        prompt_ids = torch.full((n, lp), self.pad_id, dtype=torch.long)
-        prompt_mask = torch.zeros((n, lp), dtype=torch.long)
-        ids = torch.full((n, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        loss = torch.zeros((n, width), dtype=torch.long)
-        logp = torch.zeros((n, width), dtype=torch.float32)
         texts, records = [], []
-        for i, ep in enumerate(episodes):
-            k = len(ep.tokens)
-            prompt_ids[i, lp - len(ep.prompt):] = torch.tensor(ep.prompt)
-            prompt_mask[i, lp - len(ep.prompt):] = 1
-            ids[i, :k] = torch.tensor(ep.tokens, dtype=torch.long)
-            mask[i, :k] = 1
-            loss[i, :k] = torch.tensor(ep.mask, dtype=torch.long)
-            logp[i, :k] = torch.tensor(ep.logp, dtype=torch.float32)
-            text_len = k - (not ep.truncated)  # the tokens before the final EOS
+        for ep in episodes:
+            text_len = len(ep.tokens) - (not ep.truncated)  # the tokens before the final EOS
             texts.append(self.tokenizer.decode(ep.tokens[:text_len], skip_special_tokens=True))
             ends = [len(self.tokenizer.decode(ep.tokens[:e], skip_special_tokens=True)) for e in ep.turn_token_ends]
             records.append(Episode(ep.messages, ends, ep.turns, ep.tool_calls, ep.tool_errors, ep.stop))
-        return Rollout(prompt_ids, prompt_mask, ids, mask, torch.tensor([ep.truncated for ep in episodes]), texts,
-                       loss, logp if with_logp else None, records, version)
+        return Rollout.from_tokens([ep.prompt for ep in episodes], [ep.tokens for ep in episodes],
+                                   pad_id=self.pad_id, truncated=[ep.truncated for ep in episodes], texts=texts,
+                                   loss_masks=[ep.mask for ep in episodes],
+                                   logprobs=[ep.logp for ep in episodes] if with_logp else None, episodes=records,
+                                   version=None if version is None else version.tolist())
 
 
 def check_tool_template(tokenizer, schemas: list[dict]) -> None:

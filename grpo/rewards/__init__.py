@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from grpo.errors import ConfigError, DataError, GRPOError, import_callable
+from grpo.errors import ConfigError, DataError, GRPOError
+from grpo.imports import import_callable
 from grpo.rewards.calls import call, call_all
 from grpo.rewards.fields import example_fields
 from grpo.rewards.judge import NAME as JUDGE

@@ -1,7 +1,9 @@
-"""Rollout backends: sample G completions per prompt. `BACKENDS` names them (`rollout.backend`); training,
-`grpo eval` and `grpo sample` all build theirs with `build_generator`."""
+"""Rollout backends: sample G completions per prompt. `BACKENDS` names the built-in ones; `rollout.backend` takes
+one of those names or a user's 'module:Name' (a `Generator` class or factory, docs/training.md "Your own rollout
+backend"); training, `grpo eval` and `grpo sample` all build theirs with `build_generator`."""
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 from grpo.rollout.base import EVAL, SAMPLE, TRAIN, Generator, Rollout, Sampling, rollout_sampling, sampling_seed
@@ -35,6 +37,35 @@ def snapshot_weights(model) -> dict:
     return snapshot(model)
 
 
+# the methods a generator must have (`Generator`)
+GENERATOR_METHODS = ("generate", "sync_weights", "close")
+
+
+def resolve_backend(spec: str, *, field: str = "rollout.backend"):
+    """What `spec` names, checked: a built-in name (returned as is), or an imported 'module:Name': a Generator
+    class (one with the `GENERATOR_METHODS`) or a factory. A ConfigError naming `field` when it does not import,
+    names nothing, or names something else."""
+    from grpo.errors import ConfigError
+    from grpo.imports import import_object
+
+    if spec in BACKENDS:
+        return spec
+    if ":" not in spec:
+        raise ConfigError(f"{field}={spec!r} is not a rollout backend; choose one of {', '.join(map(repr, BACKENDS))}, "
+                          "or give an importable 'module:Name' (a Generator class or a factory)")
+    obj = import_object(spec, field=field, what="rollout backend")
+    if inspect.isclass(obj):
+        missing = [m for m in GENERATOR_METHODS if not callable(getattr(obj, m, None))]
+        if missing:
+            raise ConfigError(f"{field}: {spec!r} is a class without {', '.join(missing)}; a rollout backend has "
+                              f"{', '.join(GENERATOR_METHODS)} (grpo.rollout.Generator, docs/training.md)")
+        return obj
+    if not callable(obj):
+        raise ConfigError(f"{field}: {spec!r} is a {type(obj).__name__}, not a Generator class or a factory that "
+                          "makes one")
+    return obj
+
+
 def build_generator(model, tokenizer, cfg, *, all_finished: Callable[[bool], bool] | None = None,
                     world_size: int = 1, run_dir=None, group=None) -> Generator:
     """The generator `cfg.rollout.backend` names (`cfg`: a whole `grpo.config.Config`), sampling from `model`.
@@ -43,8 +74,28 @@ def build_generator(model, tokenizer, cfg, *, all_finished: Callable[[bool], boo
     run's output directory, for what a backend writes there (launched servers' logs); None outside a run.
     `group`: the process group of the backend's own collectives (None: the default; asynchronous sampling gives
     the one its thread uses)."""
-    return BACKENDS[cfg.rollout.backend](model, tokenizer, cfg, all_finished, world_size, run_dir, group)
+    spec = resolve_backend(cfg.rollout.backend)
+    if isinstance(spec, str):
+        return BACKENDS[spec](model, tokenizer, cfg, all_finished, world_size, run_dir, group)
+    from grpo.errors import ConfigError
+    from grpo.imports import call_builder
+
+    # a user's backend: called with the arguments its signature names among these (grpo.imports.call_builder)
+    available = {"model": model, "tokenizer": tokenizer, "cfg": cfg, "all_finished": all_finished or (lambda d: d),
+                 "world_size": world_size, "run_dir": run_dir, "group": group}
+    generator = call_builder(spec, available, field="rollout.backend", what="the rollout backend")
+    missing = [m for m in GENERATOR_METHODS if not callable(getattr(generator, m, None))]
+    if missing:
+        raise ConfigError(f"rollout.backend: {cfg.rollout.backend!r} made a {type(generator).__name__} without "
+                          f"{', '.join(missing)}; a rollout backend has {', '.join(GENERATOR_METHODS)}")
+    if not isinstance(getattr(generator, "version", None), int):
+        try:  # the weights it samples from, as built (asynchronous rollouts read it): 0 unless the backend says
+            generator.version = 0
+        except AttributeError:
+            pass
+    return generator
 
 
-__all__ = ["BACKENDS", "EVAL", "SAMPLE", "TRAIN", "Generator", "HFGenerator", "Rollout", "Sampling",
-           "build_generator", "rollout_sampling", "sample_next", "sampling_seed", "snapshot_weights"]
+__all__ = ["BACKENDS", "EVAL", "GENERATOR_METHODS", "SAMPLE", "TRAIN", "Generator", "HFGenerator",
+           "Rollout", "Sampling", "build_generator", "resolve_backend", "rollout_sampling", "sample_next",
+           "sampling_seed", "snapshot_weights"]

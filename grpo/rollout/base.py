@@ -98,6 +98,64 @@ class Rollout(Rows):
     def lengths(self) -> torch.Tensor:  # (N,) tokens per completion, EOS included
         return self.completion_mask.sum(1)
 
+    @classmethod
+    def from_tokens(cls, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *, pad_id: int,
+                    truncated: Sequence[bool] | None = None, texts: Sequence[str] | None = None, tokenizer=None,
+                    loss_masks: Sequence[Sequence[int]] | None = None,
+                    logprobs: Sequence[Sequence[float]] | None = None, episodes: Sequence | None = None,
+                    version: int | Sequence[int] | None = None, device=None) -> Rollout:
+        """A Rollout from each row's token lists, padded as the built-in generators and environments pad theirs:
+        prompts on the left, completions on the right, with `pad_id`; masks and ids int64, `truncated` bool,
+        log-probs float32. One entry per row (N = examples × n, example by example) in every list:
+        - `prompts[i]`: what the model was first given; `completions[i]`: everything after it, the model's turns
+          and what the environment inserted between them, ending with the EOS the model wrote unless
+          `truncated[i]` (None: no row is truncated);
+        - `texts[i]`: what the rewards score; None decodes it with `tokenizer`: the row's tokens before its EOS,
+          `skip_special_tokens=True`, as the contract asks (grpo.envs.base);
+        - `loss_masks[i]`: 1 on the model's tokens, 0 on the environment's (None: every token is the model's);
+        - `logprobs[i]`: the sampler's log-probs of the model's tokens (0 elsewhere), if the engine gave them;
+        - `episodes`: one `grpo.envs.base.Episode` per row (multi-turn), or None; `version`: the weight version
+          that sampled each row (one int for all, or one per row; `Generator.version`), or None."""
+        n = len(completions)
+        if len(prompts) != n:
+            raise ValueError(f"Rollout.from_tokens: {len(prompts)} prompts for {n} completions (one per row)")
+        truncated = [False] * n if truncated is None else [bool(t) for t in truncated]
+        for name, rows in (("loss_masks", loss_masks), ("logprobs", logprobs)):
+            if rows is not None and [len(r) for r in rows] != [len(c) for c in completions]:
+                raise ValueError(f"Rollout.from_tokens: {name} must have one entry per completion token, row by row")
+        if any(not p for p in prompts):
+            raise ValueError("Rollout.from_tokens: a prompt has no tokens")
+        if texts is None:
+            if tokenizer is None:
+                raise ValueError("Rollout.from_tokens: give texts, or a tokenizer to decode them")
+            texts = [tokenizer.decode(list(c)[:len(c) - (not t)], skip_special_tokens=True)
+                     for c, t in zip(completions, truncated)]
+        lp, width = max(len(p) for p in prompts), max(1, max(len(c) for c in completions))
+        prompt_ids = torch.full((n, lp), pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros((n, lp), dtype=torch.long)
+        ids = torch.full((n, width), pad_id, dtype=torch.long)
+        mask = torch.zeros((n, width), dtype=torch.long)
+        loss = torch.zeros((n, width), dtype=torch.long) if loss_masks is not None else None
+        logp = torch.zeros((n, width), dtype=torch.float32) if logprobs is not None else None
+        for i, (p, c) in enumerate(zip(prompts, completions)):
+            k = len(c)
+            prompt_ids[i, lp - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            prompt_mask[i, lp - len(p):] = 1
+            ids[i, :k] = torch.tensor(list(c), dtype=torch.long)
+            mask[i, :k] = 1
+            if loss is not None:
+                loss[i, :k] = torch.tensor(list(loss_masks[i]), dtype=torch.long)
+            if logp is not None:
+                logp[i, :k] = torch.tensor(list(logprobs[i]), dtype=torch.float32)
+        if loss is not None and not bool(((loss == 0) | (loss == 1)).all()):
+            raise ValueError("Rollout.from_tokens: loss_masks hold 0 (the environment's token) or 1 (the model's)")
+        if isinstance(version, int):
+            version = [version] * n
+        rollout = cls(prompt_ids, prompt_mask, ids, mask, torch.tensor(truncated, dtype=torch.bool), list(texts),
+                      loss, logp, None if episodes is None else list(episodes),
+                      None if version is None else torch.tensor(list(version), dtype=torch.long))
+        return rollout if device is None else rollout.to(device)
+
 
 def check_shapes(owner: str, tensors: dict[str, torch.Tensor | None], shape: tuple, expected: str) -> None:
     """A ValueError naming the first of `tensors` (None skipped) whose shape is not `shape`."""
