@@ -25,7 +25,7 @@ def _tools(model, tokenizer, cfg, all_finished) -> Environment:
     _, pad = stop_tokens(model, tokenizer)
     return ToolEnvironment(tokenizer, tools, t.parser, pad_id=pad, context=model_context(model, cfg),
                            max_turns=t.max_turns, max_tokens=t.max_tokens, system_prompt=cfg.model.system_prompt,
-                           all_finished=all_finished)
+                           all_finished=all_finished, chat_template_kwargs=cfg.model.chat_template_kwargs)
 
 
 # name -> builder(model, tokenizer, cfg, all_finished) with `cfg` a whole `grpo.config.Config`, as a backend's;
