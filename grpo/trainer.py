@@ -139,6 +139,10 @@ def _given(cfg: Config, given: Given) -> tuple[Config, Given]:
     elif given.model is not None:
         name = getattr(given.model, "name_or_path", "") or ""
         cfg = replace(cfg, model=replace(cfg.model, path=str(name) or "(a model object)"))
+    for what, data, key, path in (("train_dataset", given.train_dataset, "data.path", cfg.data.path),
+                                  ("eval_dataset", given.eval_dataset, "data.eval_path", cfg.data.eval_path)):
+        if data is not None and path:
+            raise ConfigError(f"{what} is given, and the config sets {key}={path}; give one of them")
     if isinstance(given.train_dataset, (str, Path)):
         cfg = replace(cfg, data=replace(cfg.data, path=str(given.train_dataset)))
         given = replace(given, train_dataset=None)

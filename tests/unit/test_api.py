@@ -146,7 +146,7 @@ def test_trl_quickstart_ported(tmp_path):
                                  for a in range(10) for b in range(10)])
 
     def accuracy_reward(completions, solution, **kwargs):
-        return [1.0 if c.split() and c.split()[0] == s else 0.0 for c, s in zip(completions, solution)]
+        return [1.0 if c.split()[:1] == [s] else 0.0 for c, s in zip(completions, solution)]
 
     trainer = grpo.GRPOTrainer(model="tiny", reward_funcs=accuracy_reward, train_dataset=dataset,
                                args={**FAST, "train.output_dir": str(tmp_path / "run")})
