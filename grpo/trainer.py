@@ -44,8 +44,8 @@ from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
-from grpo.rewards import (RewardFn, build_rewards, close_rewards, field_names, recorded_name, resolve_reward,
-                          reward_name, take_figures)
+from grpo.rewards import (RewardFn, build_rewards, close_rewards, example_fields, field_names, missing_fields,
+                          needs_fields_error, recorded_name, resolve_reward, reward_name, take_figures)
 from grpo.rundir import RunLock, claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling, snapshot_weights
@@ -201,7 +201,7 @@ def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path,
     dist.barrier()
     writing = False
     try:
-        run = _build(cfg, rewards, dist, given)  # a broken reward, model or data set fails here, the old run still whole
+        run = _build(cfg, rewards, dist, given)  # a broken reward, model or data set fails here, the old run whole
         if dist.is_main:
             clear(out, replaced)
         writing = True
@@ -516,12 +516,15 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     # every prompt fits the context with room for a completion (refused, or cut from the left)
     limit, why = prompt_limit(policy, cfg)
     fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,
-                            add_special_tokens=not (m.chat_template or chat), limit=limit, truncate=cfg.data.truncate_prompts,
-                            why=why)
+                            add_special_tokens=not (m.chat_template or chat), limit=limit,
+                            truncate=cfg.data.truncate_prompts, why=why)
     stream = PromptStream(fit(task.train, what="training"), cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     correct_fn = built[cfg.eval.reward][1] if rewards is not None and cfg.eval.reward in built else \
         resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox))
+    given_fields = {"prompts": [], "completions": [], **example_fields(eval_set[:1])}
+    if eval_set and (missing := missing_fields(correct_fn, given_fields)):  # now, not at the step-0 evaluation
+        raise needs_fields_error(reward_name(correct_fn), missing, given_fields, field="eval.reward")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
                 correct_fn, _given_header(cfg, given) + to_yaml(cfg), reference_sync, sampling_dist, eval_rewards)
 

@@ -264,9 +264,10 @@ def needs_fields_error(name: str, missing: list[str], kwargs: dict, *, field: st
     why = (" (the data has no answer column: data.answer_column names it; every other column reaches the rewards "
            "under its own name)" if "answer" in missing else " (every column of the data reaches the rewards under "
            "its own name)")
-    where = f"{field} " if field else ""
+    where, fix = (f"{field} ", f"; set {field} to a reward these examples can feed (from Python, the name of one of "
+                               "the functions given to grpo.train(rewards=[...]))") if field else ("", "")
     return DataError(f"{where}reward function {name!r} needs {', '.join(map(repr, missing))}, which the examples "
-                     f"lack{why}; the examples' fields are: {have}")
+                     f"lack{why}; the examples' fields are: {have}{fix}")
 
 
 def _culprit(fn: RewardFn, prompts, completions, fields) -> int | None:

@@ -79,7 +79,7 @@ def test_rewards_names_and_functions():
         sort_rewards(cfg, [3])
 
 
-# ------------------------------------------------------------------------------------------------ TRL's data conventions
+# ------------------------------------------------------------------------------------------ TRL's data conventions
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "3 + 4?"}]
 
@@ -115,7 +115,7 @@ def test_eval_accuracy_from_a_reward_and_its_threshold():
 
     def needs(completions, gold, **kwargs):
         return [1.0] * len(completions)
-    with pytest.raises(DataError, match=r"eval.reward reward function 'needs' needs 'gold'"):
+    with pytest.raises(DataError, match=r"eval.reward reward function 'needs' needs 'gold'.*; set eval.reward to a "):
         _correct(needs, examples, [" 7"], 1)
 
 
@@ -191,3 +191,17 @@ def test_a_model_object_with_conversational_data(tmp_path):
     assert saved["eval"]["reward"].endswith("test_a_model_object_with_conversational_data.<locals>.solved")
     assert json.loads((tmp_path / "run" / "model" / "tokenizer_config.json").read_text())  # the tokenizer saved
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+
+
+def test_an_eval_reward_the_data_cannot_feed_fails_before_the_first_step(tmp_path):
+    rows = [{"prompt": f"Calculate {a} + 1 =", "solution": str(a + 1)} for a in range(6)]  # no answer column
+
+    def zero(completions, **kwargs):
+        return [0.0] * len(completions)
+    with pytest.raises(DataError, match=r"eval.reward reward function 'last_number' needs 'answer', which the "
+                                        r"examples lack .*fields are: solution; set eval.reward to"):
+        grpo.train({**FAST, "train.output_dir": str(tmp_path / "run")}, model="tiny", train_dataset=rows,
+                   eval_dataset=rows[:2], rewards=[zero])
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    with pytest.raises(ConfigError, match=r"train_dataset is given, and the config sets data.path=x.jsonl"):
+        grpo.train({"data.path": "x.jsonl"}, train_dataset=rows, rewards=[zero])
