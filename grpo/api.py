@@ -93,15 +93,33 @@ def train(config=None, *, model=None, processing_class=None, train_dataset=None,
                   eval_dataset=eval_dataset, tools=tools, environment=environment, **kwargs)
 
 
+def with_peft(cfg: Config, peft_config) -> Config:
+    """`cfg` with a peft `LoraConfig`'s settings as its lora.* section (r, lora_alpha, lora_dropout,
+    target_modules), as TRL's `GRPOTrainer(peft_config=...)` takes them."""
+    from dataclasses import replace
+
+    if peft_config is None:
+        return cfg
+    if not hasattr(peft_config, "r") or not hasattr(peft_config, "lora_alpha"):
+        raise ConfigError(f"peft_config must be a peft LoraConfig (grpo trains LoRA adapters), got a "
+                          f"{type(peft_config).__name__}")
+    targets = peft_config.target_modules
+    targets = ["all-linear"] if targets in (None, "all-linear") else [targets] if isinstance(targets, str) \
+        else sorted(targets)
+    return replace(cfg, lora=replace(cfg.lora, rank=int(peft_config.r), alpha=float(peft_config.lora_alpha),
+                                     dropout=float(peft_config.lora_dropout), target_modules=targets))
+
+
 class GRPOTrainer:
     """TRL's `GRPOTrainer` in grpo's terms: `GRPOTrainer(model, reward_funcs, args=config, train_dataset=...,
-    eval_dataset=..., processing_class=...).train()` runs `grpo.train` and returns its `TrainResult`. `args` is
-    grpo's config (a `Config`, a dict of dotted keys, a YAML path or a shipped config's name; None: the default
-    job), not TRL's GRPOConfig (docs/from-trl.md maps its options)."""
+    eval_dataset=..., processing_class=..., peft_config=...).train()` runs `grpo.train` and returns its
+    `TrainResult`. `args` is grpo's config (a `Config`, a dict of dotted keys, a YAML path or a shipped config's
+    name; None: the default job), not TRL's GRPOConfig (docs/from-trl.md maps its options); `peft_config`, a peft
+    `LoraConfig`, sets lora.* (`with_peft`)."""
 
     def __init__(self, model, reward_funcs=None, args=None, train_dataset=None, eval_dataset=None,
-                 processing_class=None, *, tools=None, environment=None):
-        self.config = as_config(args)
+                 processing_class=None, *, peft_config=None, tools=None, environment=None):
+        self.config = with_peft(as_config(args), peft_config)
         self.model, self.reward_funcs, self.processing_class = model, reward_funcs, processing_class
         self.train_dataset, self.eval_dataset = train_dataset, eval_dataset
         self.tools, self.environment = tools, environment

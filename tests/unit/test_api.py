@@ -65,6 +65,30 @@ def test_a_model_object_in_the_config_is_refused_by_name():
         as_config({"model.chat_template_kwargs": ["enable_thinking"]})
 
 
+def test_paths_given_as_objects_go_into_the_config():
+    from grpo.trainer import Given, _given
+    cfg, given = _given(Config(), Given(model="my-models/x", train_dataset="train.jsonl", eval_dataset="test.jsonl"))
+    assert (cfg.model.path, cfg.data.path, cfg.data.eval_path) == ("my-models/x", "train.jsonl", "test.jsonl")
+    assert given == Given()
+    rows = [{"prompt": "q"}]
+    cfg, given = _given(Config(), Given(train_dataset=rows))
+    assert cfg == Config() and given.train_dataset is rows
+    with pytest.raises(ConfigError, match="eval_dataset is given without training data"):
+        _given(Config(), Given(eval_dataset=rows))
+    with pytest.raises(ConfigError, match="eval_dataset is given, and so is data.eval_split or data.eval_fraction"):
+        _given(as_config({"data.eval_fraction": 0.1}), Given(train_dataset=rows, eval_dataset=rows))
+
+
+def test_a_peft_config_sets_the_lora_section():
+    peft = pytest.importorskip("peft")
+    trainer = grpo.GRPOTrainer("tiny", peft_config=peft.LoraConfig(r=8, lora_alpha=32, lora_dropout=0.0,
+                                                                    target_modules=["q_proj", "v_proj"]))
+    lora = trainer.config.lora
+    assert (lora.rank, lora.alpha, lora.dropout, lora.target_modules) == (8, 32.0, 0.0, ["q_proj", "v_proj"])
+    with pytest.raises(ConfigError, match="peft_config must be a peft LoraConfig"):
+        grpo.GRPOTrainer("tiny", peft_config=object())
+
+
 def test_rewards_names_and_functions():
     cfg = Config()
     assert sort_rewards(cfg, ["math", "format"]) == (Config(rewards=["math", "format"]), None)
