@@ -307,10 +307,13 @@ def _answer_text(value: Any) -> str | None:
 
 
 def _rows(data) -> tuple[list[str], list[dict]]:
-    """The column names and the rows (dicts) of a `datasets.Dataset`, an `IterableDataset` (read to its end) or a
-    list of dicts (the columns: every key of any row, in order of appearance; a row's missing key is None)."""
+    """The column names and the rows (dicts) of a `datasets.Dataset`, an `IterableDataset` (read to its end), a
+    pandas DataFrame or a list of dicts (the columns: every key of any row, in order of appearance; a row's
+    missing key is None)."""
     if hasattr(data, "to_list") and getattr(data, "column_names", None) is not None:  # a Dataset
         return list(data.column_names), data.to_list()
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame
+        return [str(c) for c in data.columns], data.to_dict("records")
     if isinstance(data, dict) or isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
         raise DataError(f"data must be a datasets.Dataset, an IterableDataset, a list of dicts or a path, got a "
                         f"{type(data).__name__}")

@@ -295,12 +295,13 @@ def test_answer_column_reaches_rewards_as_answer_and_under_its_own_name(tmp_path
         load_dataset_task(str(g), answer_column="solution")
 
 
-@pytest.mark.parametrize("kind", ["Dataset", "IterableDataset", "list"])
+@pytest.mark.parametrize("kind", ["Dataset", "IterableDataset", "list", "DataFrame"])
 def test_data_in_memory(kind):
     rows = [{"prompt": f"q{i}", "answer": str(i), "id": i} for i in range(20)]
     data = {"Dataset": lambda: datasets.Dataset.from_list(rows),
             "IterableDataset": lambda: datasets.Dataset.from_list(rows).to_iterable_dataset(),
-            "list": lambda: rows}[kind]()
+            "list": lambda: rows,
+            "DataFrame": lambda: datasets.Dataset.from_list(rows).to_pandas()}[kind]()
     task = load_dataset_task(data, eval_path=rows[:3])
     assert task.name == "dataset" and sorted(e.fields["id"] for e in task.train) == list(range(20))
     assert [e.answer for e in task.eval] == ["0", "1", "2"]
