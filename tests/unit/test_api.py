@@ -160,6 +160,21 @@ def test_chat_template_and_its_kwargs_render_a_conversation():
     assert quiet("3 + 4?") == "user: 3 + 4?\n/no_think\nassistant:"
 
 
+def test_the_tools_environment_passes_chat_template_kwargs(monkeypatch):
+    from transformers import AutoTokenizer
+
+    from grpo.envs.tool_calls import load_tools
+    from grpo.envs.tools import ToolEnvironment
+    from grpo.tiny import TINY_TOOLS_DIR
+    tok = AutoTokenizer.from_pretrained(TINY_TOOLS_DIR)
+    env = ToolEnvironment(tok, load_tools(["calculator"]), "qwen", pad_id=tok.pad_token_id, context=128,
+                          chat_template_kwargs={"enable_thinking": False})
+    seen, real = [], tok.apply_chat_template
+    monkeypatch.setattr(tok, "apply_chat_template", lambda *a, **k: seen.append(k) or real(*a, **k))
+    assert "hi" in env._render([{"role": "user", "content": "hi"}], True)
+    assert seen[-1]["enable_thinking"] is False and seen[-1]["add_generation_prompt"] is True
+
+
 # ------------------------------------------------------------------------------------------------ short runs
 
 def test_trl_quickstart_ported(tmp_path):
