@@ -216,7 +216,7 @@ def run_grpo(case: dict, model_dir: Path, prompts_file: Path, bf16: bool, attn: 
     steps = case["warmup"] + case["measured"] + 1
     cfg = load_config(None, [
         f"model.path={model_dir}", f"model.autocast_bf16={str(bf16).lower()}", f"model.attn_implementation={attn}",
-        f"data.path={prompts_file}",
+        f"data.path={prompts_file}", "data.prompt_column=question",
         f"rollout.group_size={case['G']}", f"rollout.max_new_tokens={case['T']}",
         f"rollout.min_new_tokens={case['T']}",
         f"train.prompts_per_step={case['P']}", f"train.steps={steps}", f"train.lr={LR}",

@@ -48,6 +48,8 @@ def opt(default: Any, help: str, *, resume: str = "refused", names: str | None =
     meta = {"help": help, "default": default, "resume": resume, **({"names": names} if names else {}), **checks}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -92,9 +94,14 @@ class ModelConfig:
                                        "set 'sdpa' for long ones, whose eager attention matrices are large).")
     trust_remote_code: bool = opt(False, "Allow model code from the model repository (off: only transformers' "
                                          "own classes run).")
-    chat_template: bool = opt(False, "Wrap each prompt as a user message with the tokenizer's chat template "
-                                     "(and the system prompt, if any); off sends the prompt text as is.")
-    system_prompt: str = opt("", "System message placed before each prompt when chat_template is on.")
+    chat_template: bool = opt(False, "Wrap each text prompt as a user message with the tokenizer's chat template "
+                                     "(and the system prompt, if any); off sends the prompt text as is. A "
+                                     "conversational prompt (a list of messages) always goes through the template.")
+    system_prompt: str = opt("", "System message placed before each prompt when chat_template is on (and before a "
+                                 "conversational prompt that has no system message of its own).")
+    chat_template_kwargs: dict[str, Any] = opt({}, "Extra keyword arguments of the tokenizer's apply_chat_template "
+                                                   "wherever prompts are rendered (single turn and tools), e.g. "
+                                                   "{enable_thinking: false} for Qwen3's template.")
     logprob_chunk_size: int = opt(1024, "Positions per chunk when log-probs are computed from hidden states "
                                         "(the full logits tensor is never built).", ge=1)
 
@@ -124,9 +131,11 @@ class DataConfig:
                  "set.")
     path: str = opt("", "A data set instead of a built-in task: a local .jsonl/.json/.parquet/.csv file or a "
                         "directory of them, or a Hugging Face Hub dataset name.")
-    prompt_column: str = opt("question", "Column holding the prompt text.")
-    answer_column: str = opt("answer", "Column holding the reference answer; every other column reaches the "
-                                       "reward functions as a keyword argument.")
+    prompt_column: str = opt("prompt", "Column holding the prompt: text, or a conversation (a list of "
+                                       "{role, content} messages, rendered through the chat template).")
+    answer_column: str = opt("answer", "Column holding the reference answer, if the data has one (the built-in "
+                                       "rewards compare with it); it reaches the reward functions as `answer` and "
+                                       "under its own name, every other column under its own name.")
     split: str = opt("train", "Split to train on (Hub datasets, or local files named after splits).")
     config_name: str = opt("", "Hub dataset configuration (e.g. 'main' for gsm8k).")
     eval_path: str = opt("", "Held-out data file or directory for evaluation.")
@@ -485,8 +494,13 @@ class EvalConfig:
     size: int = opt(0, "Held-out examples to evaluate on; 0 uses all of them.", ge=0)
     pass_k: int = opt(8, "k of pass@k: completions sampled per held-out prompt; 0 skips pass@k.", ge=0)
     temperature: float = opt(1.0, "Sampling temperature for pass@k (accuracy is always greedy).", gt=0)
-    reward: str = opt("last_number", "Reward function that decides whether a completion is correct (1 = correct): "
-                                     "a built-in name ({names}) or 'module:function'.", names="rewards")
+    reward: str = opt("last_number", "Reward function that decides whether a completion is correct (a value of at "
+                                     "least eval.threshold = correct): a built-in name ({names}) or 'module:function'; "
+                                     "from Python, also the name of a reward function given to "
+                                     "grpo.train(rewards=[...]).",
+                      names="rewards")
+    threshold: float = opt(1.0, "A held-out completion counts as correct when eval.reward gives it at least this "
+                                "(None counts as 0).")
     rewards: list[str] = opt([], "More rewards to take on the held-out greedy completions, each logged as the mean "
                                  "eval/reward/<name> beside the accuracy (a reward model's score, rm:<path>, or the "
                                  "judge's, say): built-in names ({names}), 'module:function', 'rm:<path>' or "
@@ -611,12 +625,29 @@ class Config:
 LOAD_CHECKS: list[Callable[[Config], None]] = []
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"  # `load_config("tiny")`, `load_config("presets/dapo")`
+
+
+def config_path(name: str | Path) -> Path:
+    """A YAML path as given when that file exists, else the shipped config of that name (`tiny`, `presets/dapo`,
+    from any working directory); neither: a ConfigError listing the shipped ones."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    shipped = SHIPPED_CONFIGS / (str(name) if str(name).endswith(".yaml") else f"{name}.yaml")
+    if shipped.is_file():
+        return shipped
+    names = sorted(str(p.relative_to(SHIPPED_CONFIGS).with_suffix("")) for p in SHIPPED_CONFIGS.rglob("*.yaml"))
+    raise ConfigError(f"config file {str(name)!r} does not exist, and no shipped config has that name "
+                      f"({', '.join(names)})")
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
-    """YAML file (optional) + `dotted.key=value` overrides → a Config, validated (`grpo.validate.validate_once`:
-    the cross-field rules, and a warning for each known trap)."""
+    """YAML file (optional; a path, or a shipped config's name such as "tiny") + `dotted.key=value` overrides → a
+    Config, validated (`grpo.validate.validate_once`: the cross-field rules, and a warning for each known trap)."""
     raw: dict = {}
     if path is not None:
-        raw = read_yaml(path)
+        raw = read_yaml(config_path(path))
     in_file = dict(raw.get("algo") or {}) if isinstance(raw.get("algo"), dict) else {}
     given = set()  # the dotted keys the overrides set
     for item in overrides:
@@ -855,6 +886,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if origin is list:
         return f"list of {_type_name(typing.get_args(tp)[0])}"
+    if origin is dict:
+        return "mapping"
     return "null" if tp is type(None) else tp.__name__
 
 
@@ -875,6 +908,11 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{name} must be a {_type_name(tp)}, got {value!r}")
         return [_coerce(v, typing.get_args(tp)[0], f"{name}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise ConfigError(f"{name} must be a mapping of names to values (e.g. {{enable_thinking: false}}), got "
+                              f"{value!r}")
+        return dict(value)
     if tp is float and isinstance(value, str):
         try:  # YAML 1.1 reads 1e-3 (no dot) as a string; take it as the number it plainly is
             value = float(value)
@@ -885,6 +923,10 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
           float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           str: lambda v: isinstance(v, str)}[tp](value)
     if not ok:
+        if hasattr(value, "parameters") or hasattr(value, "column_names"):  # a model or a data set object
+            raise ConfigError(f"{name} must be {'an' if tp is int else 'a'} {tp.__name__} (a path or a name), got a "
+                              f"{type(value).__name__} object; pass objects to grpo.train(model=..., "
+                              "train_dataset=..., eval_dataset=...)")
         raise ConfigError(f"{name} must be {'an' if tp is int else 'a'} {tp.__name__}, got {value!r} "
                           f"({type(value).__name__})")
     return float(value) if tp is float else value

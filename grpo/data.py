@@ -50,14 +50,18 @@ class PromptStream:
         return out
 
 
-def fit_prompts(examples: list[Example], render: Callable[[str], str], tokenizer, *, add_special_tokens: bool,
+def fit_prompts(examples: list[Example], render: Callable, tokenizer, *, add_special_tokens: bool,
                 limit: int, truncate: str, what: str, why: str) -> list[Example]:
     """Every prompt must have tokens, and at most `limit` once rendered (`render`: the chat template, or as is).
     One too long is refused (with the count and the longest) or, with `truncate="left"`, cut from the left until
     it fits: its first tokens go, the chat template around it stays. `what` names the prompts ("training",
-    "held-out"); `why` says where `limit` comes from. Characters the tokenizer drops are warned about once."""
+    "held-out"); `why` says where `limit` comes from. Characters the tokenizer drops are warned about once.
+    Conversational prompts (`Example.conversation`) are measured whole, rendered; one too long is refused (a
+    conversation is not cut)."""
     if not examples:
         return examples
+    if examples[0].conversation is not None:
+        return _fit_conversations(examples, render, tokenizer, limit=limit, what=what, why=why)
     raw = tokenizer([e.prompt for e in examples], add_special_tokens=False)["input_ids"]
     empty = [e.prompt for e, ids in zip(examples, raw) if not ids]
     if empty:
@@ -95,6 +99,21 @@ def fit_prompts(examples: list[Example], render: Callable[[str], str], tokenizer
     warnings.warn(f"data.truncate_prompts=left: {len(too_long)} of {len(examples)} {what} prompts were cut from the "
                   f"left to {limit} tokens ({why})", stacklevel=2)
     return out
+
+
+def _fit_conversations(examples: list[Example], render: Callable, tokenizer, *, limit: int, what: str,
+                       why: str) -> list[Example]:
+    """`fit_prompts` for conversational prompts: each rendered through the chat template (which writes its own
+    special tokens) must have at most `limit` tokens."""
+    lengths = [len(tokenizer(render(e.conversation), add_special_tokens=False)["input_ids"]) for e in examples]
+    too_long = [(i, n) for i, n in enumerate(lengths) if n > limit]
+    if too_long:
+        i, n = max(too_long, key=lambda t: t[1])
+        raise DataError(f"{len(too_long)} of {len(examples)} {what} prompts (conversations) have more than {limit} "
+                        f"tokens once rendered through the chat template ({why}); the longest has {n}, its last "
+                        f"user message {examples[i].prompt[:60]!r}... Shorten them or lower rollout.max_new_tokens "
+                        "(data.truncate_prompts cuts text prompts only)")
+    return examples
 
 
 def _warn_dropped(examples: list[Example], tokenizer, what: str) -> None:

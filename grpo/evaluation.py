@@ -1,4 +1,6 @@
-"""Held-out evaluation: greedy accuracy and pass@k with sampling, scored by a reward function (1 = correct)."""
+"""Held-out evaluation: greedy accuracy and pass@k with sampling, scored by a reward function (`eval.reward`, a
+name or a Python function given to grpo.train): a completion is correct when it scores at least `threshold`
+(`eval.threshold`, 1 by default; None counts as 0)."""
 from __future__ import annotations
 
 import math
@@ -11,7 +13,8 @@ import torch
 from grpo.distributed import Dist
 from grpo.envs.base import episode_fields
 from grpo.errors import DataError
-from grpo.rewards import RewardFn, example_fields, reward_name, score, take_figures
+from grpo.rewards import (RewardFn, example_fields, missing_fields, needs_fields_error, reward_inputs, reward_name,
+                          score, take_figures)
 from grpo.rewards.calls import call
 from grpo.rollout import EVAL, Generator, Sampling, sampling_seed
 from grpo.tasks.base import Example
@@ -21,22 +24,33 @@ if TYPE_CHECKING:
 
 
 def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat: int,
-             episodes: dict[str, list] | None = None) -> torch.Tensor:
+             episodes: dict[str, list] | None = None, threshold: float = 1.0) -> torch.Tensor:
     prompts = [e.prompt for e in examples for _ in range(repeat)]
-    values = call(fn, prompts=prompts, completions=texts, **example_fields(examples, repeat), **(episodes or {}))
+    kwargs = reward_inputs(fn, prompts, texts, {**example_fields(examples, repeat), **(episodes or {})})
+    try:
+        values = call(fn, **kwargs)
+    except TypeError as e:
+        if missing := missing_fields(fn, kwargs):
+            raise needs_fields_error(reward_name(fn), missing, kwargs, field="eval.reward") from e
+        raise
+    if not isinstance(values, (list, tuple)) or len(values) != len(texts):
+        raise DataError(f"eval.reward {reward_name(fn)!r} returned {type(values).__name__} for {len(texts)} "
+                        "completions; it must return one value per completion")
     if any(isinstance(v, (list, tuple)) for v in values):
         raise DataError(f"eval.reward {reward_name(fn)!r} returned lists of steps; evaluation needs a reward that "
-                        "says 1.0 for a correct completion (an outcome reward such as last_number or math)")
-    return torch.tensor([float(v or 0.0) >= 1.0 for v in values]).view(len(examples), repeat)
+                        f"gives a correct completion at least {threshold} (an outcome reward such as last_number or "
+                        "math)")
+    return torch.tensor([float(v or 0.0) >= threshold for v in values]).view(len(examples), repeat)
 
 
 def evaluate(environment: Environment, generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *,
              max_new_tokens: int, pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
-             dist: Dist | None = None, rewards: Sequence[tuple[str, RewardFn]] = ()) -> dict[str, float]:
-    """`eval/accuracy` (greedy), `eval/pass@k` (k samples, at least one correct), per family when the
-    examples carry a `task` field (`eval/accuracy/<task>`), and `eval/mean_length`; with `rewards` ((name,
-    function) pairs: `eval.rewards`), each one's mean over the greedy completions as `eval/reward/<name>` (None
-    values left out). Episodes run through the environment, as in training.
+             dist: Dist | None = None, rewards: Sequence[tuple[str, RewardFn]] = (),
+             threshold: float = 1.0) -> dict[str, float]:
+    """`eval/accuracy` (greedy; correct: `correct_fn` gives at least `threshold`), `eval/pass@k` (k samples, at
+    least one correct), per family when the examples carry a `task` field (`eval/accuracy/<task>`), and
+    `eval/mean_length`; with `rewards` ((name, function) pairs: `eval.rewards`), each one's mean over the greedy
+    completions as `eval/reward/<name>` (None values left out). Episodes run through the environment, as in training.
 
     With several processes each evaluates an equal share and the results are gathered: every process returns
     the same figures, equal to a single process's (a prompt's samples depend on its seed only)."""
@@ -49,7 +63,8 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     # rollout(generator, examples, sampling, seeds) (grpo.envs.base)
     seeds = [sampling_seed(seed, EVAL, i) for i in index]
     greedy = environment.rollout(generator, mine, Sampling(1, max_new_tokens, temperature=0.0), seeds)
-    ok = dist.gather(_correct(correct_fn, mine, greedy.texts, 1, episode_fields(greedy))[:, 0].float())[:n].bool()
+    ok = _correct(correct_fn, mine, greedy.texts, 1, episode_fields(greedy), threshold)[:, 0]
+    ok = dist.gather(ok.float())[:n].bool()
     lengths = dist.gather(greedy.lengths.float().cpu())[:n]
     metrics = {"eval/accuracy": ok.float().mean().item(), "eval/mean_length": lengths.mean().item()}
     if rewards:
@@ -66,7 +81,7 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
         metrics.update({f"eval/accuracy/{k}": sum(v) / len(v) for k, v in sorted(families.items())})
     if pass_k > 0:
         sampled = environment.rollout(generator, mine, Sampling(pass_k, max_new_tokens, temperature, top_p), seeds)
-        hits = _correct(correct_fn, mine, sampled.texts, pass_k, episode_fields(sampled)).float()
+        hits = _correct(correct_fn, mine, sampled.texts, pass_k, episode_fields(sampled), threshold).float()
         hits = dist.gather(hits.reshape(-1)).view(-1, pass_k)[:n].bool()
         metrics[f"eval/pass@{pass_k}"] = hits.any(dim=1).float().mean().item()
         metrics["eval/sample_accuracy"] = hits.float().mean().item()

@@ -29,15 +29,22 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
-def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
+def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, processing_class=None):
     """The policy on its device and its tokenizer.
 
     Dropout is switched off (RL needs the sampler and the loss to see one distribution), a tokenizer without a
     pad token gets EOS as pad (masks never rely on token ids), and with `lora.rank > 0` the model is wrapped by
     peft with only the adapter trainable.
+
+    `model`: a loaded `transformers.PreTrainedModel` to train instead of loading `cfg.path` (`grpo.train(model=...)`;
+    trained in place, in its own dtype; `cfg.dtype` and `cfg.attn_implementation` apply only to a model loaded
+    here); its tokenizer is `processing_class` (a tokenizer, or a processor whose `.tokenizer` is one), else the
+    one saved with it (`model.name_or_path`). `processing_class` alone goes with the model loaded from `cfg.path`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if model is not None:
+        return _prepared(model, _given_tokenizer(model, processing_class, cfg), cfg, lora)
     path = resolve_model_path(cfg.path)
     local = Path(path).expanduser()
     if local.exists() and not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")):
@@ -45,11 +52,7 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
     if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
         raise DataError(f"model.path {path!r} does not exist")
     source = str(local) if local.exists() else path  # a local directory, or a Hub id
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise DataError("model.device='cuda' but PyTorch sees no CUDA device; use model.device=cpu or auto")
+    device = _device(cfg)
     kwargs = {"dtype": getattr(torch, cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -57,7 +60,8 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
         # PyTorch's CPU flash-attention backward is slow in bfloat16 (docs/benchmarks.md)
         kwargs["attn_implementation"] = "eager"
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        tokenizer = _tokenizer_of(processing_class) if processing_class is not None else \
+            AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load model.path {path!r}: {' '.join(str(e).split())[:300]}") from None
@@ -66,16 +70,63 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None):
             raise
         raise DataError(f"cannot load model.path {path!r}: its weights file is damaged or incomplete "
                         f"({' '.join(str(e).split())[:200]}); write or copy it again") from None
+    return _prepared(model, tokenizer, cfg, lora, device)
+
+
+def _device(cfg: ModelConfig) -> str:
+    device = cfg.device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise DataError("model.device='cuda' but PyTorch sees no CUDA device; use model.device=cpu or auto")
+    return device
+
+
+def _prepared(model, tokenizer, cfg: ModelConfig, lora: LoraConfig | None, device: str | None = None):
+    """The policy ready to train: dropout off, pad token set, gradient checkpointing, on its device, LoRA."""
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device)
+    model.to(device or _device(cfg))
     if lora is not None and lora.rank > 0:
+        if is_lora(model):
+            raise ConfigError("the model given is a peft model already, and lora.rank > 0 would add a second "
+                              "adapter; give its base model, or set lora.rank=0 to train the adapter it has")
         model = add_lora(model, lora)
     model.eval()
     return model, tokenizer
+
+
+def _tokenizer_of(processing_class):
+    """The tokenizer of a `processing_class`: a tokenizer itself, or a processor's `.tokenizer`."""
+    tokenizer = getattr(processing_class, "tokenizer", None) or processing_class
+    if not callable(tokenizer) or not hasattr(tokenizer, "decode"):
+        raise ConfigError(f"processing_class must be a tokenizer or a processor with one, got a "
+                          f"{type(processing_class).__name__}")
+    return tokenizer
+
+
+def _given_tokenizer(model, processing_class, cfg: ModelConfig):
+    """The tokenizer of a model given as an object: `processing_class`'s, else the one saved at its name_or_path."""
+    import torch.nn as nn
+    from transformers import AutoTokenizer
+
+    if not isinstance(model, nn.Module) or not hasattr(model, "save_pretrained") or not hasattr(model, "config"):
+        raise ConfigError(f"model must be a path, a Hub id or a loaded transformers PreTrainedModel, got a "
+                          f"{type(model).__name__}")
+    if processing_class is not None:
+        return _tokenizer_of(processing_class)
+    source = getattr(model, "name_or_path", "") or ""
+    if not source:
+        raise ConfigError("the model given has no name_or_path to load its tokenizer from; pass it as "
+                          "processing_class=...")
+    try:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot load the tokenizer of the model given (from its name_or_path {source!r}): "
+                        f"{' '.join(str(e).split())[:200]}; pass it as processing_class=...") from None
 
 
 def disable_dropout(model: torch.nn.Module) -> None:

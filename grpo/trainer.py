@@ -44,8 +44,8 @@ from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
-from grpo.rewards import (RewardFn, build_rewards, close_rewards, example_fields, recorded_name, resolve_reward,
-                          reward_name, take_figures)
+from grpo.rewards import (RewardFn, build_rewards, close_rewards, example_fields, field_names, missing_fields,
+                          needs_fields_error, recorded_name, resolve_reward, reward_name, take_figures)
 from grpo.rundir import RunLock, claim, clear, discard_unstarted
 from grpo.runlog import RunLogger
 from grpo.rollout import build_generator, rollout_sampling, snapshot_weights
@@ -85,18 +85,40 @@ class TrainState:
     entropy: dict = field(default_factory=dict)  # {"coef", "last_entropy" (None: +∞)} of algo.use_adaptive_entropy
 
 
-def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None, tools=None,
-          environment=None) -> TrainResult:
+@dataclass
+class Given:
+    """What `grpo.train` was given as objects rather than config (`train`'s keywords): a loaded model and its
+    tokenizer or processor, data sets in memory, tools and an environment."""
+
+    model: object = None
+    processing_class: object = None
+    train_dataset: object = None
+    eval_dataset: object = None
+    tools: object = None
+    environment: object = None
+
+
+def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | None = None, model=None,
+          processing_class=None, train_dataset=None, eval_dataset=None, tools=None, environment=None) -> TrainResult:
     """Run GRPO as configured; `rewards` replaces `cfg.rewards` with Python callables (the run's config.yaml then
-    names them, `recorded_name`, and a resume with others is refused). Without `dist`, the processes torchrun
-    describes in the environment (one process without torchrun) are the run's."""
+    names them, `recorded_name`, and a resume with others is refused; eval.reward and eval.rewards may name them
+    by their names). Without `dist`, the processes torchrun describes in the environment (one process without
+    torchrun) are the run's. `model`, `processing_class`, `train_dataset`, `eval_dataset`, `tools` and
+    `environment`: see `grpo.train`; a path given as `model` or a data set is model.path, data.path or
+    data.eval_path."""
     if dist is None:
         with process_group() as dist:
-            return train(cfg, rewards=rewards, dist=dist, tools=tools, environment=environment)
+            return train(cfg, rewards=rewards, dist=dist, model=model, processing_class=processing_class,
+                         train_dataset=train_dataset, eval_dataset=eval_dataset, tools=tools, environment=environment)
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
-    validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None)
-    if rewards is not None:  # the run's config says which functions it was trained with
-        cfg = replace(cfg, rewards=[recorded_name(f) for f in rewards])
+    cfg, given = _given(cfg, Given(model, processing_class, train_dataset, eval_dataset, tools, environment))
+    names = tuple(reward_name(f) for f in rewards or ())
+    validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None, reward_names=names)
+    if rewards is not None:  # the run's config says which functions it was trained with (eval.reward too)
+        recorded = {reward_name(f): recorded_name(f) for f in reversed(rewards)}  # a name given twice: the first
+        cfg = replace(cfg, rewards=[recorded_name(f) for f in rewards],
+                      eval=replace(cfg.eval, reward=recorded.get(cfg.eval.reward, cfg.eval.reward),
+                                   rewards=[recorded.get(n, n) for n in cfg.eval.rewards]))
     if dist.is_main:
         check_installed(cfg.log.trackers)
     if cfg.compute.threads:
@@ -105,7 +127,48 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
     torch.manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)
     with _run_lock(out, dist):  # before anything in the directory is read or written: one run at a time
-        return _claimed(cfg, rewards, dist, out, started, tools, environment)
+        return _claimed(cfg, rewards, dist, out, started, given)
+
+
+def _given(cfg: Config, given: Given) -> tuple[Config, Given]:
+    """The objects given to `train`, sorted: a path (a str) given as the model or a data set goes into the config
+    (model.path, data.path, data.eval_path) and out of `given`; a model object's name_or_path becomes model.path,
+    so that the run's config.yaml says which model it started from."""
+    if isinstance(given.model, (str, Path)):
+        cfg, given = replace(cfg, model=replace(cfg.model, path=str(given.model))), replace(given, model=None)
+    elif given.model is not None:
+        name = getattr(given.model, "name_or_path", "") or ""
+        cfg = replace(cfg, model=replace(cfg.model, path=str(name) or "(a model object)"))
+    for what, data, key, path in (("train_dataset", given.train_dataset, "data.path", cfg.data.path),
+                                  ("eval_dataset", given.eval_dataset, "data.eval_path", cfg.data.eval_path)):
+        if data is not None and path:
+            raise ConfigError(f"{what} is given, and the config sets {key}={path}; give one of them")
+    if isinstance(given.train_dataset, (str, Path)):
+        cfg = replace(cfg, data=replace(cfg.data, path=str(given.train_dataset)))
+        given = replace(given, train_dataset=None)
+    if isinstance(given.eval_dataset, (str, Path)):
+        cfg = replace(cfg, data=replace(cfg.data, eval_path=str(given.eval_dataset)))
+        given = replace(given, eval_dataset=None)
+    if given.eval_dataset is not None and given.train_dataset is None and not cfg.data.path:
+        raise ConfigError("eval_dataset is given without training data: give train_dataset (or data.path) too")
+    if given.eval_dataset is not None and (cfg.data.eval_split or cfg.data.eval_fraction):
+        raise ConfigError("eval_dataset is given, and so is data.eval_split or data.eval_fraction; give one source "
+                          "of held-out examples")
+    return cfg, given
+
+
+def _given_header(cfg: Config, given: Given) -> str:
+    """YAML comments at the top of the run's config.yaml for what was given as objects, which the keys cannot
+    hold (a resume or `grpo eval` needs them given again)."""
+    lines = []
+    if given.model is not None:
+        lines.append(f"# model: a {type(given.model).__name__} object given to grpo.train(model=...); model.path "
+                     f"records its name_or_path ({cfg.model.path})")
+    for what, data in (("train_dataset", given.train_dataset), ("eval_dataset", given.eval_dataset)):
+        if data is not None:
+            rows = f" of {len(data)} rows" if hasattr(data, "__len__") else ""
+            lines.append(f"# {what}: a {type(data).__name__}{rows} given to grpo.train({what}=...), not a file")
+    return "".join(line + "\n" for line in lines)
 
 
 @contextlib.contextmanager
@@ -128,8 +191,8 @@ def _run_lock(out: Path, dist: Dist):
             lock.release()
 
 
-def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path, started: float, tools=None,
-             environment=None) -> TrainResult:
+def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path, started: float,
+             given: Given) -> TrainResult:
     """The run, in the directory this process group holds."""
     # before anything is built or written: a new run refuses a directory that holds one (grpo/rundir.py)
     ckpt = find_checkpoint(cfg.train.resume, out) if cfg.train.resume else None
@@ -139,7 +202,7 @@ def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path,
     writing = False
     try:
         # a broken reward, model or data set fails here, the old run still whole
-        run = _build(cfg, rewards, dist, tools, environment)
+        run = _build(cfg, rewards, dist, given)
         if dist.is_main:
             clear(out, replaced)
         writing = True
@@ -288,7 +351,7 @@ def _start_lane(cfg: Config, run: _Run, state: TrainState) -> Lane:
     evaluate_on = lambda d: evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,  # noqa: E731
                                      max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                                      temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                     dist=d, rewards=run.eval_rewards)
+                                     dist=d, rewards=run.eval_rewards, threshold=cfg.eval.threshold)
     weights, run.lagged = {**run.lagged, state.step: snapshot_weights(run.policy)}, {}  # the lane's alone now
     return Lane(functools.partial(collect, run.collector), run.stream, run.generator, run.sampling_dist,
                 k=cfg.rollout.max_staleness, mode=cfg.rollout.staleness_mode, first=state.step + 1, last=last,
@@ -373,22 +436,28 @@ class _Run:
         return reference_weights(sync.reference_model) if sync.every and sync.reference_model is not None else None
 
 
-def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, tools=None, environment=None) -> _Run:
+def _build(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, given: Given | None = None) -> _Run:
     """The run's objects (`_built`); a reward that holds a process of its own (a judge's launched server, started
     by the probe of the rewards) is stopped if the rest of the build fails."""
     made: list = []
     try:
-        return _built(cfg, rewards, dist, made, tools, environment)
+        return _built(cfg, rewards, dist, made, given or Given())
     except BaseException:
         close_rewards(made)
         raise
 
 
-def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, tools=None, environment=None) -> _Run:
-    """Model, reference, generator, environment, rewards, optimiser and data, each from its config section."""
+def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, given: Given) -> _Run:
+    """Model, reference, generator, environment, rewards, optimiser and data, each from its config section (or
+    what `given` holds in its place)."""
     m, a, c = cfg.model, cfg.algo, cfg.compute
-    task = load_task(cfg.data, cfg.train.seed)
-    policy, tokenizer = load_model(m, cfg.lora)
+    task = load_task(cfg.data, cfg.train.seed, train_dataset=given.train_dataset, eval_dataset=given.eval_dataset)
+    # conversational prompts always go through the chat template, which writes the special tokens itself
+    chat = any(e.conversation is not None for e in [*task.train[:1], *task.eval[:1]])
+    if chat and cfg.rollout.environment == "tools" and given.environment is None:
+        raise ConfigError("the prompts are conversations (lists of messages); rollout.environment=tools takes text "
+                          "prompts (its system prompt is model.system_prompt): give the prompt column as text")
+    policy, tokenizer = load_model(m, cfg.lora, model=given.model, processing_class=given.processing_class)
     # one forward path for the reference and the training pass, so at the first step the two agree bit for bit
     path = forward_path(policy, sharded=c.sharding == "fsdp", share_prompt=c.share_prompt, lean=c.lean_forward,
                         autocast_bf16=m.autocast_bf16)
@@ -403,8 +472,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     # asynchronous sampling runs its collectives in a group of its own, on its own thread (grpo/ahead.py)
     sampling_dist = dist.own_group() if cfg.rollout.max_staleness else dist
     all_finished = lambda done: not sampling_dist.any(not done)  # noqa: E731 - every process is done
-    environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished, tools=tools,
-                                    environment=environment)
+    environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished, tools=given.tools,
+                                    environment=given.environment)
     build = functools.partial(build_rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
                               overlong_buffer=cfg.overlong_buffer, sandbox_limits=Limits.from_config(cfg.sandbox),
                               reward_model=cfg.reward_model, device=str(next(policy.parameters()).device),
@@ -414,14 +483,15 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
         reward_fns = [(reward_name(f), f) for f in rewards]
     else:
         reward_fns = build(cfg.rewards)
-    # eval.rewards: a reward the training also takes is the same object (one reward model loaded, one judge)
-    built = dict(zip(cfg.rewards, reward_fns)) if rewards is None else {}
+    # eval.rewards: a reward the training also takes is the same object (one reward model loaded, one judge); a
+    # Python function, by the name the run's config records it under (`train`)
+    built = dict(zip(cfg.rewards, reward_fns))
     eval_rewards = [built[name] if name in built else build([name])[0] for name in cfg.eval.rewards]
     made.extend(fn for _, fn in [*reward_fns, *eval_rewards])
     if task.train:  # a broken reward fails now, in seconds (an empty training set is refused below)
         for _, fn in [*reward_fns, *eval_rewards]:  # a judge's template names only fields the examples have
             if hasattr(fn, "check_fields"):
-                fn.check_fields(set(example_fields(task.train[:1])))
+                fn.check_fields(field_names(task.train[:1]))
         probe_rewards(reward_fns, cfg.reward_weights, tokenizer, task.train[0],
                       multi_turn=cfg.rollout.environment != "single_turn")
         take_figures(fn for _, fn in reward_fns)  # the probe is not part of the first step's figures
@@ -430,7 +500,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     reference_sync = ReferenceSync(policy, reference_copy, optimizer, every=a.ref_sync_every,
                                    alpha=a.ref_sync_alpha, lora=is_lora(policy))
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
-    generator = build_generator(policy, tokenizer, cfg, all_finished=all_finished, world_size=dist.world_size,
+    generator = build_generator(policy, tokenizer, replace(cfg, model=replace(m, chat_template=True)) if chat else cfg,
+                                all_finished=all_finished, world_size=dist.world_size,
                                 run_dir=Path(cfg.train.output_dir), group=sampling_dist.group)
     sampler = Sampler(environment, generator, rollout_sampling(cfg.rollout, cfg.rollout.group_size), cfg.train.seed)
     collector = Collector(sampler, reward_fns, cfg.reward_weights, tokenizer, cfg.train.prompts_per_step,
@@ -443,13 +514,17 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     # every prompt fits the context with room for a completion (refused, or cut from the left)
     limit, why = prompt_limit(policy, cfg)
     fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,
-                            add_special_tokens=not m.chat_template, limit=limit, truncate=cfg.data.truncate_prompts,
-                            why=why)
+                            add_special_tokens=not (m.chat_template or chat), limit=limit,
+                            truncate=cfg.data.truncate_prompts, why=why)
     stream = PromptStream(fit(task.train, what="training"), cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
+    correct_fn = built[cfg.eval.reward][1] if rewards is not None and cfg.eval.reward in built else \
+        resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox))
+    given_fields = {"prompts": [], "completions": [], **example_fields(eval_set[:1])}
+    if eval_set and (missing := missing_fields(correct_fn, given_fields)):  # now, not at the step-0 evaluation
+        raise needs_fields_error(reward_name(correct_fn), missing, given_fields, field="eval.reward")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
-                resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox)),
-                to_yaml(cfg), reference_sync, sampling_dist, eval_rewards)
+                correct_fn, _given_header(cfg, given) + to_yaml(cfg), reference_sync, sampling_dist, eval_rewards)
 
 
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:
@@ -546,7 +621,7 @@ def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int,
         metrics = evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
                            max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                            temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist,
-                           rewards=run.eval_rewards)
+                           rewards=run.eval_rewards, threshold=cfg.eval.threshold)
     logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                  + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
     return metrics, {"perf/eval_seconds": time.perf_counter() - start}

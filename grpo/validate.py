@@ -26,17 +26,19 @@ from grpo.rollout import BACKENDS, resolve_backend
 from grpo.envs.tool_calls import TOOL_PARSERS, TOOLS, load_tools
 
 
-def validate_once(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
+def validate_once(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None,
+                  reward_names: tuple[str, ...] = ()) -> None:
     """`validate`, and a warning for each of the `traps`, unless this config was validated already as it is now
     and for as many processes (`load_config` validates; `train` then only checks Python reward functions,
-    `num_rewards`, against reward_weights). A config changed since, or built in Python, is validated."""
+    `num_rewards`, against reward_weights). A config changed since, or built in Python, is validated.
+    `reward_names`: the names of the Python reward functions given, which eval.reward and eval.rewards may name."""
     world, content = _world(world_size), cfg.to_dict()
     done = getattr(cfg, "_validated", None)  # (world size, the config as it was validated)
     if done == (world, content):
         if num_rewards is not None:
             _check_reward_weights(cfg, num_rewards)
         return
-    validate(cfg, world, num_rewards=num_rewards)
+    validate(cfg, world, num_rewards=num_rewards, reward_names=reward_names)
     if done is None or done[1] != content:  # the same config on another number of processes has the same traps
         for message in traps(cfg):
             warnings.warn(message, stacklevel=2)
@@ -126,11 +128,19 @@ def _check_judge(j, world: int) -> None:
                           "itself never goes into the config)")
 
 
-def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None) -> None:
+def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None,
+             reward_names: tuple[str, ...] = ()) -> None:
     """Every rule that involves more than one field, each with one clear error. `world_size`: the number of
     processes (None: torchrun's WORLD_SIZE, or 1). `num_rewards`: how many Python reward functions replace
-    `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values."""
+    `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values. `reward_names`:
+    their names, which eval.reward and eval.rewards may name."""
     world = _world(world_size)
+    for key, value in (("model.path", cfg.model.path), ("data.path", cfg.data.path),
+                       ("data.eval_path", cfg.data.eval_path)):
+        if not isinstance(value, str):
+            what = "model" if key == "model.path" else "train_dataset" if key == "data.path" else "eval_dataset"
+            raise ConfigError(f"{key} must be a path or a name (a str), got a {type(value).__name__} object; pass a "
+                              f"loaded model or a data set object as grpo.train({what}=...)")
     _check_model_path(cfg.model.path)
     for field, names in (("rewards", cfg.rewards), ("eval.rewards", cfg.eval.rewards)):
         for name in names:
@@ -140,9 +150,11 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         raise ConfigError("rewards is empty; name at least one reward function")
     for name in cfg.rewards:
         resolve_reward(name, field="rewards", judge=cfg.judge)
-    resolve_reward(cfg.eval.reward, field="eval.reward")
+    if cfg.eval.reward not in reward_names:
+        resolve_reward(cfg.eval.reward, field="eval.reward")
     for name in cfg.eval.rewards:
-        resolve_reward(name, field="eval.rewards", judge=cfg.judge)
+        if name not in reward_names:
+            resolve_reward(name, field="eval.rewards", judge=cfg.judge)
     if "judge" in cfg.rewards or "judge" in cfg.eval.rewards:
         _check_judge(cfg.judge, world)
     if any(n.startswith("rm:") for n in [*cfg.rewards, *cfg.eval.rewards]) and cfg.reward_model.device:

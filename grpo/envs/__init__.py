@@ -32,7 +32,8 @@ def _tools(model, tokenizer, cfg, all_finished, tools: Sequence | None = None) -
     _, pad = stop_tokens(model, tokenizer)
     return ToolEnvironment(tokenizer, _load_tools(cfg, tools), t.parser, pad_id=pad,
                            context=model_context(model, cfg), max_turns=t.max_turns, max_tokens=t.max_tokens,
-                           system_prompt=cfg.model.system_prompt, all_finished=all_finished)
+                           system_prompt=cfg.model.system_prompt, all_finished=all_finished,
+                           chat_template_kwargs=cfg.model.chat_template_kwargs)
 
 
 def _load_tools(cfg, tools: Sequence | None) -> dict:

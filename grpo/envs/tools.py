@@ -75,13 +75,15 @@ class ToolEnvironment:
 
     def __init__(self, tokenizer, tools: dict[str, Tool], parser: str, *, pad_id: int,
                  context: int, max_turns: int = 4, max_tokens: int = 0, system_prompt: str = "",
-                 all_finished: Callable[[bool], bool] | None = None):
+                 all_finished: Callable[[bool], bool] | None = None, chat_template_kwargs: dict | None = None):
         """`tools`: name -> `grpo.envs.tool_calls.Tool`; `parser`: a name in `grpo.envs.tool_calls.TOOL_PARSERS`;
         `context`: the most positions the model takes (prompt and episode); `max_tokens`: the most episode tokens
         after the prompt (0: the context alone limits them). `all_finished(done)`: with several processes, True only when every
         process's episodes are done, so that all of them sample the same number of turns (the generator's
-        decoding steps may be collective)."""
+        decoding steps may be collective). `chat_template_kwargs`: more keyword arguments of apply_chat_template
+        (model.chat_template_kwargs)."""
         self.tokenizer = tokenizer
+        self.template_kwargs = dict(chat_template_kwargs or {})
         self.tools = tools
         self.parse = TOOL_PARSERS[parser]
         self.pad_id = pad_id
@@ -100,7 +102,8 @@ class ToolEnvironment:
         # `tool_calls` (kept for the rewards) would make a template such as Qwen's write the calls twice
         messages = [{k: v for k, v in m.items() if k != "tool_calls"} for m in messages]
         return self.tokenizer.apply_chat_template(self.system + messages, tools=self.schemas or None,
-                                                  tokenize=False, add_generation_prompt=generation_prompt)
+                                                  tokenize=False, add_generation_prompt=generation_prompt,
+                                                  **self.template_kwargs)
 
     def _inserted(self, history: list[dict], results: list[dict], eos: int) -> list[int]:
         """The tokens the environment appends after a model turn that ended with `eos` and called tools: the

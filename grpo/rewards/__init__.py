@@ -1,8 +1,11 @@
 """Reward functions: plain callables `(prompts, completions, **example_fields) -> list`.
 
 This is TRL's convention: `prompts` and `completions` are lists of strings of equal length, and every field
-of the examples (`answer` and any extra column) arrives as a keyword argument holding one value per
-completion. A function returns one value per completion:
+of the examples (every column of the data but the prompt's, under its own name, and the answer column also as
+`answer`) arrives as a keyword argument holding one value per completion. With conversational prompts (lists of
+messages) a function of your own gets them as TRL gives them: `prompts` the message lists and `completions`
+`[{"role": "assistant", "content": text}]` each; grpo's own rewards (the built-ins, `rm:`, `judge`) always get
+the text (`reward_inputs`). A function returns one value per completion:
 - a float: an outcome reward for the whole completion;
 - a list of steps `(end, reward)`: a process reward (DeepSeekMath §4.1.3), one reward per reasoning step, `end`
   being the character offset in the completion text just after the step (`text[:end]` ends with it);
@@ -15,6 +18,8 @@ the scores into advantages.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import math as _math  # grpo.rewards.math_answers (a submodule) would shadow a plain "math"
 import numbers
 import re
@@ -26,7 +31,7 @@ import torch
 from grpo.errors import ConfigError, DataError, GRPOError
 from grpo.imports import import_callable
 from grpo.rewards.calls import call, call_all
-from grpo.rewards.fields import example_fields
+from grpo.rewards.fields import CONVERSATIONS, example_fields, field_names
 from grpo.rewards.judge import NAME as JUDGE
 from grpo.rewards.judge import Judge
 from grpo.rewards.model import PREFIX as RM_PREFIX
@@ -184,8 +189,10 @@ def resolve_reward(name: str, *, field: str = "rewards", sandbox_limits=None, re
     if name in REWARDS:
         return REWARDS[name]
     if ":" not in name:
+        python = (", or the name of a Python reward function given to grpo.train(rewards=[...])"
+                  if field.startswith("eval.") else "")
         raise ConfigError(f"{field}: unknown reward {name!r}; built-in rewards are {', '.join(REWARDS)}, "
-                          "or give an importable 'module:function', a reward model as 'rm:<path>', or 'judge'")
+                          f"or give an importable 'module:function', a reward model as 'rm:<path>', or 'judge'{python}")
     return import_callable(name, field=field, what="reward")
 
 
@@ -221,11 +228,54 @@ def recorded_name(fn: RewardFn) -> str:
     return f"{getattr(named, '__module__', None) or type(fn).__module__}:{named.__qualname__}"
 
 
+def is_own(fn: RewardFn) -> bool:
+    """Whether `fn` is one of grpo's rewards (a built-in, a reward model, the judge, the code sandbox's), which
+    always take text prompts and completions, whatever the form of the data."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return (getattr(fn, "__module__", None) or "").startswith("grpo.")
+
+
+def reward_inputs(fn: RewardFn, prompts: Sequence[str], completions: Sequence[str], fields: dict[str, list]) -> dict:
+    """The keyword arguments of `fn` for a batch: `prompts`, `completions` and the examples' `fields`
+    (`example_fields`). When the fields carry conversations (conversational prompts), a function of the user's gets
+    TRL's conversational form: `prompts` the message lists and each completion as `[{"role": "assistant",
+    "content": text}]`; grpo's own rewards (`is_own`) get the text."""
+    fields = dict(fields)
+    chats = fields.pop(CONVERSATIONS, None)
+    if chats is None or is_own(fn):
+        return {"prompts": list(prompts), "completions": list(completions), **fields}
+    return {"prompts": [list(c) for c in chats], "completions": [[{"role": "assistant", "content": c}] for c in
+                                                                  completions], **fields}
+
+
+def missing_fields(fn: RewardFn, kwargs: dict) -> list[str]:
+    """The parameters `fn` requires (no default) that `kwargs` lacks: the fields it needs and the examples lack."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return [p.name for p in params if p.kind in kinds and p.default is p.empty and p.name not in kwargs]
+
+
+def needs_fields_error(name: str, missing: list[str], kwargs: dict, *, field: str = "") -> DataError:
+    """The one line for a reward function that needs fields the examples lack."""
+    have = ", ".join(k for k in kwargs if k not in ("prompts", "completions")) or "none"
+    why = (" (the data has no answer column: data.answer_column names it; every other column reaches the rewards "
+           "under its own name)" if "answer" in missing else " (every column of the data reaches the rewards under "
+           "its own name)")
+    where, fix = (f"{field} ", f"; set {field} to a reward these examples can feed (from Python, the name of one of "
+                               "the functions given to grpo.train(rewards=[...]))") if field else ("", "")
+    return DataError(f"{where}reward function {name!r} needs {', '.join(map(repr, missing))}, which the examples "
+                     f"lack{why}; the examples' fields are: {have}{fix}")
+
+
 def _culprit(fn: RewardFn, prompts, completions, fields) -> int | None:
     """The first completion on which `fn` raises when called on it alone, if any."""
     for i in range(len(completions)):
         try:
-            call(fn, prompts=[prompts[i]], completions=[completions[i]], **{k: [v[i]] for k, v in fields.items()})
+            call(fn, **reward_inputs(fn, [prompts[i]], [completions[i]], {k: [v[i]] for k, v in fields.items()}))
         except Exception:
             return i
     return None
@@ -260,11 +310,14 @@ def score(fns: Sequence[RewardFn | tuple[str, RewardFn]], weights: Sequence[floa
     n = len(completions)
     per_fn, weighted, outcome, steps = {}, [], [], [[] for _ in range(n)]
     # every `async def` function is awaited concurrently while the plain ones run (grpo.rewards.calls)
-    called = call_all([fn for _, fn in named], {"prompts": list(prompts), "completions": list(completions), **fields})
-    for (name, fn), w, (values, e) in zip(named, weights, called, strict=True):
+    inputs = [reward_inputs(fn, prompts, completions, fields) for _, fn in named]
+    called = call_all([fn for _, fn in named], inputs)
+    for (name, fn), w, (values, e), kwargs in zip(named, weights, called, inputs, strict=True):
         name = _unique(name, per_fn)
         if isinstance(e, GRPOError):  # one line of its own (a judge that failed, a template it cannot fill)
             raise e
+        if isinstance(e, TypeError) and (missing := missing_fields(fn, kwargs)):
+            raise needs_fields_error(name, missing, kwargs) from e
         if e is not None:  # a user's function: say which one, and on which example
             i = _culprit(fn, prompts, completions, fields)
             where = (f"on prompt {prompts[i]!r} with completion {completions[i]!r}" if i is not None

@@ -55,10 +55,11 @@ def call(fn: Callable, **kwargs) -> object:
     return run(out) if inspect.isawaitable(out) else out
 
 
-def call_all(fns: Sequence[Callable], kwargs: dict) -> list[tuple[object, BaseException | None]]:
-    """Every function's (values, exception) for the same keyword arguments: the asynchronous ones concurrently on
-    the event loop while the plain ones run here, in order."""
-    own = [_own(kwargs) for _ in fns]  # each its own lists: one that edits them in place changes no other's
+def call_all(fns: Sequence[Callable], kwargs: dict | Sequence[dict]) -> list[tuple[object, BaseException | None]]:
+    """Every function's (values, exception) for the keyword arguments `kwargs` (the same for all, or one dict per
+    function): the asynchronous ones concurrently on the event loop while the plain ones run here, in order."""
+    each = [kwargs] * len(fns) if isinstance(kwargs, dict) else list(kwargs)
+    own = [_own(k) for k in each]  # each its own lists: one that edits them in place changes no other's
     started: dict[int, Future] = {i: _submit(_awaited(fn, own[i])) for i, fn in enumerate(fns) if is_async(fn)}
     out: list[tuple[object, BaseException | None]] = []
     for i, fn in enumerate(fns):

@@ -1,7 +1,10 @@
 """The task seam: a task is two lists of examples (train and held-out) plus a reward.
 
-An `Example` carries the prompt text, the reference answer and any extra fields; the extra fields reach
-reward functions as keyword arguments (TRL's convention), so a reward can use more than the answer.
+An `Example` carries the prompt text, the reference answer (None when the data has none) and any extra fields;
+the extra fields reach reward functions as keyword arguments (TRL's convention), so a reward can use more than
+the answer. A conversational prompt (TRL's conversational format: a list of `{"role", "content"}` messages,
+system and few-shot turns included) is kept whole in `conversation` and rendered through the chat template;
+`prompt` is then the text of its last user message (what logs, error messages and the judge's `{prompt}` show).
 """
 from __future__ import annotations
 
@@ -13,8 +16,9 @@ from typing import Any, Protocol
 @dataclass(frozen=True)
 class Example:
     prompt: str
-    answer: str
+    answer: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
+    conversation: list[dict[str, Any]] | None = None  # the messages of a conversational prompt, else None
 
 
 class Task(Protocol):

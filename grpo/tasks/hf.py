@@ -1,9 +1,13 @@
 """A task read with Hugging Face `datasets`: local ``.jsonl``/``.json``/``.parquet``/``.csv`` files, a
-directory of them, or a dataset on the Hub.
+directory of them, a dataset on the Hub, or rows in memory (a `datasets.Dataset`, an `IterableDataset`, a list
+of dicts: `grpo.train(train_dataset=...)`).
 
-Each row becomes an `Example`: the prompt column is the prompt (text), the answer column the reference
-answer (converted to text; a float with an integer value, as CSV files give, is written as an integer), and
-every other column goes into `Example.fields`, so it reaches reward functions as a keyword argument.
+Each row becomes an `Example` (`to_examples`, TRL's conventions): the prompt column (``prompt`` by default) is
+the prompt, text or a conversation (a list of ``{"role", "content"}`` messages, rendered through the chat
+template); the answer column (``answer`` by default), if the data has it, the reference answer (converted to
+text; a float with an integer value, as CSV files give, is written as an integer; without the column it is
+None, and a reward that needs ``answer`` says so); every column but the prompt's reaches the reward functions
+as a keyword argument under its own name, and the answer column also as ``answer``.
 
 Held-out examples come from, in order of precedence (give at most one):
 
@@ -45,7 +49,7 @@ _FILE_LIKE = set(BUILDERS) | {".txt", ".tsv", ".arrow", ".gz", ".zip", ".xz", ".
                               ".yaml", ".yml", ".jsonl.gz"}
 _SPLIT_NAMES = ("train", "test", "validation", "valid", "val", "dev", "eval", "heldout", "held_out")
 # Keyword names the reward call itself uses: a column of that name would clash with them.
-RESERVED_COLUMNS = ("prompts", "completions")
+RESERVED_COLUMNS = ("prompts", "completions", "completion_ids")
 
 
 @dataclass
@@ -57,42 +61,59 @@ class DatasetTask:
     eval: list[Example]
 
 
-def load_dataset_task(path: str, *, prompt_column: str = "question", answer_column: str = "answer",
-                      split: str = "train", config_name: str | None = None, eval_path: str | None = None,
+def load_dataset_task(path, *, prompt_column: str = "prompt", answer_column: str = "answer",
+                      split: str = "train", config_name: str | None = None, eval_path=None,
                       eval_split: str | None = None, eval_fraction: float = 0.0, seed: int = 0,
                       name: str | None = None) -> DatasetTask:
-    """Load a prompt/answer task from local files or a Hub dataset (see the module docstring).
+    """Load a prompt/answer task from local files or a Hub dataset (see the module docstring). `path` and
+    `eval_path` may also be data in memory (`in_memory`): a `datasets.Dataset`, an `IterableDataset` (read to its
+    end once, here) or a list of dicts, one per row.
 
-    Example: ``load_dataset_task("data/gsm8k/train.jsonl", eval_fraction=0.05)`` reads GSM8K rows
-    ``{"question": ..., "answer": "...\\n#### 72"}`` into prompts ``question`` and answers ``answer``.
+    Example: ``load_dataset_task("data/gsm8k/train.jsonl", prompt_column="question", eval_fraction=0.05)`` reads
+    GSM8K rows ``{"question": ..., "answer": "...\\n#### 72"}`` into prompts ``question`` and answers ``answer``.
     """
     _check_arguments(path, prompt_column, answer_column, eval_path, eval_split, eval_fraction)
     columns = (prompt_column, answer_column)
-    local = _is_local(path)
+    local = in_memory(path) or _is_local(path)
     train = _load(path, split, config_name, columns, local=local)
     if eval_path is not None:
-        if not _is_local(eval_path):
+        if not in_memory(eval_path) and not _is_local(eval_path):
             raise DataError(f"eval data file {eval_path} does not exist")
         held = _load(eval_path, None, None, columns, local=True)
     elif eval_split is not None:
+        if in_memory(path):
+            raise ConfigError("eval_split picks a split of a Hub dataset or of a directory; the training data was "
+                              "given as an object: give the held-out rows as eval_dataset (or use eval_fraction)")
         held = _load(path, eval_split, config_name, columns, local=local)
     elif eval_fraction > 0:
         held = [e for e in train if in_held_out(e.prompt, eval_fraction)]
         train = [e for e in train if not in_held_out(e.prompt, eval_fraction)]
         if not train:
-            raise DataError(f"{path}: every example fell in the held-out fraction {eval_fraction}; "
+            raise DataError(f"{_source(path)}: every example fell in the held-out fraction {eval_fraction}; "
                             "lower eval_fraction")
         if not held:
-            raise DataError(f"{path}: no example fell in the held-out fraction {eval_fraction} "
+            raise DataError(f"{_source(path)}: no example fell in the held-out fraction {eval_fraction} "
                             f"({len(train)} rows); raise eval_fraction or give eval_path")
     else:
         held = []
     random.Random(seed).shuffle(train)
-    return DatasetTask(name or _default_name(path, local), train, held)
+    return DatasetTask(name or ("dataset" if in_memory(path) else _default_name(path, local)), train, held)
+
+
+def in_memory(data) -> bool:
+    """Whether `data` is rows in memory (a `datasets.Dataset`, an `IterableDataset`, a list of dicts), not a path."""
+    return not isinstance(data, (str, Path))
+
+
+def _source(data) -> str:
+    """How errors name a data source: its path, or the kind of object it was given as."""
+    if not in_memory(data):
+        return str(data)
+    return f"the data given as a {type(data).__name__}"
 
 
 def _check_arguments(path, prompt_column, answer_column, eval_path, eval_split, eval_fraction) -> None:
-    if not isinstance(path, str) or not path.strip():
+    if not in_memory(path) and (not isinstance(path, str) or not path.strip()):
         raise ConfigError(f"data path must be a file, directory or Hub dataset name, got {path!r}")
     for what, col in (("prompt", prompt_column), ("answer", answer_column)):
         if not isinstance(col, str) or not col:
@@ -135,14 +156,16 @@ def _default_name(path: str, local: bool) -> str:
 # --------------------------------------------------------------------------------------------------------
 # reading
 
-def _load(path: str, split: str | None, config_name: str | None, columns: tuple[str, str], *,
+def _load(path, split: str | None, config_name: str | None, columns: tuple[str, str], *,
           local: bool) -> list[Example]:
+    if in_memory(path):
+        return to_examples(path, _source(path), columns)
     if not local:
-        return _to_examples(_read_hub(path, config_name, split or "train"),
+        return to_examples(_read_hub(path, config_name, split or "train"),
                             f"Hub dataset {path!r} split {split!r}", columns)
     out: list[Example] = []
     for file in _local_files(Path(path).expanduser(), split, config_name):
-        out.extend(_to_examples(_read_file(file), str(file), columns))
+        out.extend(to_examples(_read_file(file), str(file), columns))
     return out
 
 
@@ -283,29 +306,88 @@ def _answer_text(value: Any) -> str | None:
     return text if text.strip() else None
 
 
-def _to_examples(ds, source: str, columns: tuple[str, str]) -> list[Example]:
+def _rows(data) -> tuple[list[str], list[dict]]:
+    """The column names and the rows (dicts) of a `datasets.Dataset`, an `IterableDataset` (read to its end), a
+    pandas DataFrame or a list of dicts (the columns: every key of any row, in order of appearance; a row's
+    missing key is None)."""
+    if hasattr(data, "to_list") and getattr(data, "column_names", None) is not None:  # a Dataset
+        return list(data.column_names), data.to_list()
+    if hasattr(data, "to_dict") and hasattr(data, "columns"):  # a pandas DataFrame
+        return [str(c) for c in data.columns], data.to_dict("records")
+    if isinstance(data, dict) or isinstance(data, (str, bytes)) or not hasattr(data, "__iter__"):
+        raise DataError(f"data must be a datasets.Dataset, an IterableDataset, a list of dicts or a path, got a "
+                        f"{type(data).__name__}")
+    rows = list(data)  # a list, or an IterableDataset read to its end
+    columns: dict[str, None] = dict.fromkeys(getattr(data, "column_names", None) or [])
+    for i, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise DataError(f"row {i} of the data is a {type(row).__name__}, not a dict of columns")
+        columns.update(dict.fromkeys(row))
+    return list(columns), [{c: row.get(c) for c in columns} for row in rows]
+
+
+def conversation(value: Any) -> list[dict] | None:
+    """`value` as a conversational prompt (TRL's format: a list of {"role", "content"} messages with text content
+    and at least one user message), or None when it is not one."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+               for m in value):
+        return None
+    if not any(m["role"] == "user" for m in value):
+        return None
+    return [{k: v for k, v in m.items() if v is not None} for m in value]  # Arrow fills absent keys with None
+
+
+def to_examples(ds, source: str, columns: tuple[str, str]) -> list[Example]:
+    """The rows of `ds` (a `datasets.Dataset`, an `IterableDataset` or a list of dicts) as Examples: the prompt
+    column is the prompt (text, or a conversation), the answer column (optional) the reference answer as text
+    (`Example.answer`, None without the column), and every column but the prompt's reaches the reward functions
+    under its own name (the answer column also as `answer`). `source` names the data in errors."""
     prompt_column, answer_column = columns
-    present = list(ds.column_names)
-    for what, col in (("prompt", prompt_column), ("answer", answer_column)):
-        if col not in present:
-            raise DataError(f"{source}: no {what} column {col!r}; its columns are "
-                            f"{', '.join(repr(c) for c in present) or '(none)'}")
+    present, rows = _rows(ds)
+    if prompt_column not in present:
+        hint = (f"; set data.prompt_column={next(c for c in ('question', 'problem') if c in present)}"
+                if prompt_column == "prompt" and {"question", "problem"} & set(present)
+                else "; data.prompt_column names the prompt's column")
+        raise DataError(f"{source}: no prompt column {prompt_column!r}; its columns are "
+                        f"{', '.join(repr(c) for c in present) or '(none)'}{hint}")
     clash = [c for c in present if c in RESERVED_COLUMNS]
     if clash:
         raise DataError(f"{source}: column {clash[0]!r} clashes with the reward function argument of that name; "
                         "rename or drop it")
-    if len(ds) == 0:
+    has_answer = answer_column in present
+    if has_answer and answer_column != "answer" and "answer" in present:
+        raise DataError(f"{source}: the answer column {answer_column!r} reaches the rewards also as 'answer', and the "
+                        "data has another column named 'answer'; rename or drop one of them")
+    if not rows:
         raise DataError(f"{source} has no rows")
     out = []
-    for i, row in enumerate(ds.to_list(), start=1):
+    kinds = set()
+    for i, row in enumerate(rows, start=1):
         prompt = row.pop(prompt_column)
-        if not isinstance(prompt, str):
+        chat = conversation(prompt)
+        kinds.add(chat is not None)
+        if len(kinds) > 1:
+            raise DataError(f"{source} row {i}: prompt column {prompt_column!r} mixes text prompts and "
+                            "conversations (lists of messages); give one kind")
+        if chat is not None:
+            prompt = next(m["content"] for m in reversed(chat) if m["role"] == "user")
+        elif isinstance(prompt, (list, tuple)):
+            raise DataError(f"{source} row {i}: prompt column {prompt_column!r} is a list but not a conversation: "
+                            "a conversational prompt is a list of {'role': ..., 'content': <text>} messages with at "
+                            "least one user message")
+        elif not isinstance(prompt, str):
             what = "empty" if prompt is None else f"of type {type(prompt).__name__}, not text"
             raise DataError(f"{source} row {i}: prompt column {prompt_column!r} is {what}")
-        if not prompt.strip():
+        if chat is None and not prompt.strip():
             raise DataError(f"{source} row {i}: prompt column {prompt_column!r} is empty")
-        answer = _answer_text(row.pop(answer_column))
-        if answer is None:
-            raise DataError(f"{source} row {i}: answer column {answer_column!r} is empty")
-        out.append(Example(prompt, answer, row))
+        answer = None
+        if has_answer:
+            answer = _answer_text(row[answer_column])
+            if answer is None:
+                raise DataError(f"{source} row {i}: answer column {answer_column!r} is empty")
+            if answer_column == "answer":
+                del row["answer"]  # it is Example.answer, as text
+        out.append(Example(prompt, answer, row, chat))
     return out

@@ -60,7 +60,8 @@ def assets(tmp_path_factory):
 
 def overrides(model_dir, data, out, *extra):
     return [f"model.path={model_dir}", f"data.path={data / 'train.jsonl'}", f"data.eval_path={data / 'test.jsonl'}",
-            f"train.output_dir={out}", "train.steps=2", "train.prompts_per_step=2", "rollout.group_size=3",
+            "data.prompt_column=question", f"train.output_dir={out}", "train.steps=2", "train.prompts_per_step=2",
+            "rollout.group_size=3",
             "rollout.max_new_tokens=12", "rewards=[math, format, overlong]", "reward_weights=[1.0, 0.5, 0.1]",
             "eval.reward=math", "eval.pass_k=2", "log.progress=false", "log.trackers=[]",
             "log.chart=false", "log.samples_every=1", "train.lr=1e-3", *extra]

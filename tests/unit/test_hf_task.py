@@ -13,7 +13,7 @@ from grpo.errors import ConfigError, DataError  # noqa: E402
 from grpo.tasks.base import in_held_out  # noqa: E402
 from grpo.tasks.hf import load_dataset_task  # noqa: E402
 
-ROWS = [{"question": f"Tom has {i} apples and buys {i + 2} more. How many apples does he have?",
+ROWS = [{"prompt": f"Tom has {i} apples and buys {i + 2} more. How many apples does he have?",
          "answer": f"He has {i} + {i + 2} = <<{i}+{i + 2}={2 * i + 2}>>{2 * i + 2} apples.\n#### {2 * i + 2}",
          "id": i, "level": "easy" if i % 2 else "hard"} for i in range(40)]
 
@@ -42,7 +42,7 @@ def test_gsm8k_jsonl_rows_become_examples(tmp_path):
     by_id = {e.fields["id"]: e for e in task.train}
     assert sorted(by_id) == [0, 1, 2, 3, 4]
     e = by_id[3]
-    assert e.prompt == ROWS[3]["question"] and e.answer == ROWS[3]["answer"]
+    assert e.prompt == ROWS[3]["prompt"] and e.answer == ROWS[3]["answer"]
     assert e.fields == {"id": 3, "level": "easy"}           # every other column, nothing else
 
 
@@ -63,12 +63,13 @@ def test_parquet_with_custom_columns_and_non_text_answers(tmp_path):
     got = {e.prompt: e for e in task.train}
     assert got["What is 6 * 7?"].answer == "42"          # floats with an integer value are written as integers
     assert got["What is 1/2 + 1/4?"].answer == "0.75"
-    assert got["What is 6 * 7?"].fields == {"tags": ["arith", "mul"]}
+    # every column but the prompt's under its own name: the answer column too, its value as read
+    assert got["What is 6 * 7?"].fields == {"solution": 42.0, "tags": ["arith", "mul"]}
 
 
 def test_csv_with_quoted_newlines_and_missing_extra_values(tmp_path):
     f = tmp_path / "d.csv"
-    f.write_text('question,answer,source\n"Line one,\nline two?","x\n#### 5",book\n"Q2",7,\n')
+    f.write_text('prompt,answer,source\n"Line one,\nline two?","x\n#### 5",book\n"Q2",7,\n')
     task = load_dataset_task(str(f))
     got = {e.prompt: e for e in task.train}
     assert got["Line one,\nline two?"].answer == "x\n#### 5"
@@ -123,7 +124,7 @@ def test_eval_fraction_split_is_disjoint_deterministic_and_seed_independent(tmp_
     assert [e.prompt for e in a.eval] == [e.prompt for e in b.eval]
     assert held.isdisjoint(e.prompt for e in a.train)
     assert len(a.train) + len(a.eval) == len(ROWS)
-    assert held == {r["question"] for r in ROWS if in_held_out(r["question"], 0.25)}
+    assert held == {r["prompt"] for r in ROWS if in_held_out(r["prompt"], 0.25)}
     # Shuffling the file does not move a prompt across the split.
     g = write_jsonl(tmp_path / "shuffled.jsonl", ROWS[::-1])
     assert {e.prompt for e in load_dataset_task(str(g), eval_fraction=0.25).eval} == held
@@ -162,9 +163,14 @@ def test_missing_column_names_it_and_lists_the_columns(tmp_path):
     f = write_jsonl(tmp_path / "d.jsonl", [{"problem": "q", "solution": "1", "id": 0}])
     with pytest.raises(DataError) as e:
         load_dataset_task(str(f))
-    assert one_line(e) == f"{f}: no prompt column 'question'; its columns are 'problem', 'solution', 'id'"
-    with pytest.raises(DataError, match=r"no answer column 'answer'; its columns are 'problem', 'solution', 'id'"):
-        load_dataset_task(str(f), prompt_column="problem")
+    assert one_line(e) == (f"{f}: no prompt column 'prompt'; its columns are 'problem', 'solution', 'id'; set "
+                           "data.prompt_column=problem")
+    g = write_jsonl(tmp_path / "g.jsonl", [{"text": "q"}])
+    with pytest.raises(DataError, match=r"no prompt column 'prompt'; its columns are 'text'; data.prompt_column names"):
+        load_dataset_task(str(g))
+    # the answer column is optional: without it, no answer, and the other columns still reach the rewards
+    (e,) = load_dataset_task(str(f), prompt_column="problem").train
+    assert e.answer is None and e.fields == {"solution": "1", "id": 0}
 
 
 def test_missing_file_and_unknown_extension(tmp_path):
@@ -174,7 +180,7 @@ def test_missing_file_and_unknown_extension(tmp_path):
     with pytest.raises(DataError, match="does not exist"):
         load_dataset_task("./no/such/dir")
     f = tmp_path / "d.txt"
-    f.write_text("question,answer\nq,1\n")
+    f.write_text("prompt,answer\nq,1\n")
     with pytest.raises(DataError) as e:
         load_dataset_task(str(f))
     assert one_line(e) == f"{f}: unsupported file type '.txt'; use .jsonl, .json, .parquet, .csv"
@@ -184,11 +190,11 @@ def test_missing_file_and_unknown_extension(tmp_path):
 
 @pytest.mark.parametrize("filename, content, pattern", [
     ("d.jsonl", "", r"d\.jsonl is empty$"),
-    ("d.jsonl", '{"question": "q", "answer": 1}\n{"question": "q2", "answer"\n',
-     r"d\.jsonl:2: not valid JSON \(Expecting ':' delimiter, column 28\)$"),
-    ("d.jsonl", '{"question": "q", "answer": 1}\n\n[1, 2]\n', r"d\.jsonl:3: a line must be a JSON object"),
+    ("d.jsonl", '{"prompt": "q", "answer": 1}\n{"prompt": "q2", "answer"\n',
+     r"d\.jsonl:2: not valid JSON \(Expecting ':' delimiter, column 26\)$"),
+    ("d.jsonl", '{"prompt": "q", "answer": 1}\n\n[1, 2]\n', r"d\.jsonl:3: a line must be a JSON object"),
     ("d.json", "[1, 2,", r"cannot read .*d\.json: "),
-    ("d.csv", "question,answer\n", r"d\.csv has no rows$"),
+    ("d.csv", "prompt,answer\n", r"d\.csv has no rows$"),
     ("d.csv", "\n", r"d\.csv has no rows$"),
     ("d.json", "[]", r"d\.json has no rows$"),
     ("d.parquet", "not parquet at all", r"cannot read .*d\.parquet: "),
@@ -208,29 +214,32 @@ def test_empty_directory(tmp_path):
 
 
 @pytest.mark.parametrize("row, pattern", [
-    ({"question": "q", "answer": None}, r"row 2: answer column 'answer' is empty"),
-    ({"question": "q", "answer": "  "}, r"row 2: answer column 'answer' is empty"),
-    ({"question": "", "answer": "1"}, r"row 2: prompt column 'question' is empty"),
-    ({"question": None, "answer": "1"}, r"row 2: prompt column 'question' is empty"),
+    ({"prompt": "q", "answer": None}, r"row 2: answer column 'answer' is empty"),
+    ({"prompt": "q", "answer": "  "}, r"row 2: answer column 'answer' is empty"),
+    ({"prompt": "", "answer": "1"}, r"row 2: prompt column 'prompt' is empty"),
+    ({"prompt": None, "answer": "1"}, r"row 2: prompt column 'prompt' is empty"),
 ])
 def test_bad_rows_name_the_row(tmp_path, row, pattern):
-    f = write_jsonl(tmp_path / "d.jsonl", [{"question": "ok", "answer": "1"}, row])
+    f = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "ok", "answer": "1"}, row])
     with pytest.raises(DataError, match=pattern):
         load_dataset_task(str(f))
 
 
 def test_non_text_prompt_and_reserved_column(tmp_path):
-    f = write_jsonl(tmp_path / "d.jsonl", [{"question": ["chat", "turns"], "answer": "1"}])
-    with pytest.raises(DataError, match=r"row 1: prompt column 'question' is of type list, not text"):
+    f = write_jsonl(tmp_path / "d.jsonl", [{"prompt": ["chat", "turns"], "answer": "1"}])
+    with pytest.raises(DataError, match=r"row 1: prompt column 'prompt' is a list but not a conversation"):
         load_dataset_task(str(f))
-    g = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "1", "completions": "x"}])
+    f = write_jsonl(tmp_path / "d.jsonl", [{"prompt": 7, "answer": "1"}])
+    with pytest.raises(DataError, match=r"row 1: prompt column 'prompt' is of type int, not text"):
+        load_dataset_task(str(f))
+    g = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "q", "answer": "1", "completions": "x"}])
     with pytest.raises(DataError, match=r"column 'completions' clashes with the reward function argument"):
         load_dataset_task(str(g))
 
 
 def test_eval_fraction_that_holds_out_nothing(tmp_path):
     prompt = next(f"q{i}" for i in range(1000) if not in_held_out(f"q{i}", 0.01))
-    f = write_jsonl(tmp_path / "d.jsonl", [{"question": prompt, "answer": "1"}])
+    f = write_jsonl(tmp_path / "d.jsonl", [{"prompt": prompt, "answer": "1"}])
     with pytest.raises(DataError, match=r"no example fell in the held-out fraction 0\.01"):
         load_dataset_task(str(f), eval_fraction=0.01)
 
@@ -253,3 +262,52 @@ def test_split_other_than_train_needs_a_hub_dataset_or_split_files(tmp_path):
     f = write_jsonl(tmp_path / "d.jsonl", ROWS[:3])
     with pytest.raises(DataError, match=r"split 'test' needs a Hub dataset or a directory"):
         load_dataset_task(str(f), eval_split="test")
+
+
+# ------------------------------------------------------------------------------------------------ TRL's conventions
+
+CHAT = [{"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"},   # a few-shot turn
+        {"role": "user", "content": "3 + 4?"}]
+
+
+def test_conversational_prompts_are_kept_whole(tmp_path):
+    f = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": CHAT, "solution": "7"}])
+    (e,) = load_dataset_task(str(f)).train
+    assert e.conversation == CHAT and e.prompt == "3 + 4?"     # the text: its last user message
+    assert e.answer is None and e.fields == {"solution": "7"}  # no answer column: `solution` under its own name
+    g = write_jsonl(tmp_path / "mixed.jsonl", [{"prompt": CHAT}, {"prompt": "text"}])
+    with pytest.raises(DataError, match=r"row 2: prompt column 'prompt' mixes text prompts and conversations"):
+        load_dataset_task(str(g))
+    h = write_jsonl(tmp_path / "nouser.jsonl", [{"prompt": [{"role": "system", "content": "s"}]}])
+    with pytest.raises(DataError, match=r"row 1: .* is a list but not a conversation"):
+        load_dataset_task(str(h))
+
+
+def test_answer_column_reaches_rewards_as_answer_and_under_its_own_name(tmp_path):
+    f = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p", "solution": 3.0, "id": 1}])
+    (e,) = load_dataset_task(str(f), answer_column="solution").train
+    assert e.answer == "3" and e.fields == {"solution": 3.0, "id": 1}   # the raw value under its own name
+    from grpo.rewards import example_fields
+    assert example_fields([e], 2) == {"answer": ["3", "3"], "id": [1, 1], "solution": [3.0, 3.0]}
+    g = write_jsonl(tmp_path / "g.jsonl", [{"prompt": "p", "solution": "3", "answer": "4"}])
+    with pytest.raises(DataError, match=r"answer column 'solution' reaches the rewards also as 'answer'"):
+        load_dataset_task(str(g), answer_column="solution")
+
+
+@pytest.mark.parametrize("kind", ["Dataset", "IterableDataset", "list", "DataFrame"])
+def test_data_in_memory(kind):
+    rows = [{"prompt": f"q{i}", "answer": str(i), "id": i} for i in range(20)]
+    data = {"Dataset": lambda: datasets.Dataset.from_list(rows),
+            "IterableDataset": lambda: datasets.Dataset.from_list(rows).to_iterable_dataset(),
+            "list": lambda: rows,
+            "DataFrame": lambda: datasets.Dataset.from_list(rows).to_pandas()}[kind]()
+    task = load_dataset_task(data, eval_path=rows[:3])
+    assert task.name == "dataset" and sorted(e.fields["id"] for e in task.train) == list(range(20))
+    assert [e.answer for e in task.eval] == ["0", "1", "2"]
+    split = load_dataset_task(data if kind != "IterableDataset" else rows, eval_fraction=0.25)
+    assert len(split.train) + len(split.eval) == 20 and split.eval
+    with pytest.raises(DataError, match=r"row 2 of the data is a str, not a dict"):
+        load_dataset_task([{"prompt": "q"}, "oops"])
+    with pytest.raises(ConfigError, match="eval_split picks a split"):
+        load_dataset_task(rows, eval_split="test")

@@ -50,3 +50,18 @@ def test_dropped_characters_are_warned_about_once():
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "drops them: 'é', in 2 of 3 prompts (e.g. 'Calculé 2 + 2 =')" in messages[0]
     assert out[0].prompt == "Calculé 2 + 2 ="  # the text is kept; the model sees it without the character
+
+
+def test_conversations_are_measured_rendered_and_never_cut():
+    def render(messages):  # a chat template: "role:content|" per message, then the generation prompt
+        return "".join(f"{m['role']}:{m['content']}|" for m in messages) + "a:"
+    short = [{"role": "user", "content": "1 + 1 ="}]                                   # 15 tokens rendered
+    long = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1 + 1 ="}]   # 32
+    examples = [Example("1 + 1 =", "2", conversation=c) for c in (short, long)]
+    assert fit_prompts(examples[:1], render, TOK, add_special_tokens=False, limit=20, truncate="left",
+                       what="training", why="w") == examples[:1]
+    with pytest.raises(DataError, match=r"^1 of 2 training prompts \(conversations\) have more than 20 tokens once "
+                                        r"rendered through the chat template \(w\); the longest has 32, .* "
+                                        r"\(data.truncate_prompts cuts text prompts only\)"):
+        fit_prompts(examples, render, TOK, add_special_tokens=False, limit=20, truncate="left", what="training",
+                    why="w")
