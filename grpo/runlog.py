@@ -304,7 +304,8 @@ def summary_lines(rows: list[dict], out_dir: Path) -> list[str]:
     lines.append(f"{s['steps']} steps in {duration(s['seconds'])} ({s['step_seconds']:.2f} s per step), "
                  f"{s['tokens_per_s']:,.0f} completion tokens/s, peak memory {peak_memory()}")
     names = ["model/", "metrics.jsonl", "samples.jsonl", "chart.png", "tensorboard/", "wandb/", "checkpoints/"]
-    found = [n for n in names if (out_dir / n.rstrip("/")).exists()]
+    found = [n for n in names if (out_dir / n.rstrip("/")).exists()
+             and not (n == "samples.jsonl" and (out_dir / n).stat().st_size == 0)]  # log.samples_every=0: none
     lines.append(f"outputs in {out_dir}: {', '.join(found)}; compare runs with: grpo report {out_dir} [OTHER_RUN ...]")
     return lines
 

@@ -180,3 +180,13 @@ def test_what_eval_and_sample_load(tmp_path, monkeypatch):
         run_source([str(run)])
     with pytest.raises(GRPOError, match="is a directory without a config.yaml, not a run directory"):
         run_source([str(run / "model")])
+
+
+def test_the_summary_lists_samples_jsonl_only_when_it_has_samples(tmp_path):
+    from grpo.runlog import summary_lines
+
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "samples.jsonl").write_text("")  # log.samples_every=0
+    assert summary_lines([], tmp_path)[-1].startswith(f"outputs in {tmp_path}: metrics.jsonl; ")
+    (tmp_path / "samples.jsonl").write_text('{"step": 1}\n')
+    assert summary_lines([], tmp_path)[-1].startswith(f"outputs in {tmp_path}: metrics.jsonl, samples.jsonl; ")
