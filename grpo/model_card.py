@@ -67,10 +67,16 @@ def front_matter(text: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def _name(value) -> str:
+    """A model or data set given as an object (train(model=...)) by its name or path; a string as it is."""
+    return value if isinstance(value, str) else str(getattr(value, "name_or_path", "") or type(value).__name__)
+
+
 def hub_dataset(cfg: Config) -> str | None:
     """data.path when it names a Hub data set (not a local file or directory)."""
     path = cfg.data.path
-    if not path or Path(path).expanduser().exists() or Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv"):
+    if (not isinstance(path, str) or not path or Path(path).expanduser().exists()
+            or Path(path).suffix in (".jsonl", ".json", ".parquet", ".csv")):
         return None
     return path if re.match(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$", path) else None
 
@@ -82,7 +88,8 @@ def model_card(cfg: Config, *, initial_eval: dict, final_eval: dict, history: li
     step); `adapter`: the directory holds a LoRA adapter (peft), not full weights; `merged`: the adapter merged."""
     import grpo
 
-    base, licence = hub_base_model(cfg.model.path)
+    path = _name(cfg.model.path)
+    base, licence = hub_base_model(path)
     dataset = hub_dataset(cfg)
     meta: dict = {}
     if base:
@@ -97,14 +104,15 @@ def model_card(cfg: Config, *, initial_eval: dict, final_eval: dict, history: li
     name = Path(cfg.train.output_dir).name or "model"
     here = str(Path(cfg.train.output_dir) / ("model-merged" if merged else "model"))
     data = (f"the Hugging Face data set [{dataset}](https://huggingface.co/datasets/{dataset})" if dataset
-            else f"the data set `{cfg.data.path}`" if cfg.data.path else f"grpo's built-in task `{cfg.data.task}`")
+            else f"the data set `{_name(cfg.data.path)}`" if cfg.data.path
+            else f"grpo's built-in task `{cfg.data.task}`")
     if cfg.data.path and cfg.data.split:
         data += f" (split `{cfg.data.split}`)"
     weights = cfg.reward_weights or [1.0] * len(cfg.rewards)
     rewards = " + ".join(f"{w:g} × `{r}`" for r, w in zip(cfg.rewards, weights))
-    started = (f"[{base}](https://huggingface.co/{base})" if base else f"`{cfg.model.path}`")
-    if cfg.model.path in KNOWN_MODELS:
-        started += f" (grpo's packaged `{cfg.model.path}`)"
+    started = (f"[{base}](https://huggingface.co/{base})" if base else f"`{path}`")
+    if path in KNOWN_MODELS:
+        started += f" (grpo's packaged `{path}`)"
     what = ("a LoRA adapter (rank {r}) on it".format(r=cfg.lora.rank) if adapter
             else "its weights with a LoRA adapter (rank {r}) merged in".format(r=cfg.lora.rank) if merged
             else "its full weights")

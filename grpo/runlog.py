@@ -163,7 +163,10 @@ def format_samples(step: int, rows: list[dict], n: int, width: int = 100) -> str
             parts.insert(0, f"answer {_cut(str(r['answer']), 40)!r}")
         if "stop" in r:
             parts.append(f"{r['tool_calls']} tool calls, ended by {r['stop']}")
-        lines.append(f"  {_figure(r['reward']):>6}: {_cut(r['prompt'], width)!r} -> {_cut(r['completion'], width)!r}"
+        prompt = r["prompt"]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):  # chat messages: the last one's text
+            prompt = prompt[-1].get("content", "")
+        lines.append(f"  {_figure(r['reward']):>6}: {_cut(prompt, width)!r} -> {_cut(r['completion'], width)!r}"
                      + (f"  ({'; '.join(parts)})" if parts else ""))
     return "\n".join(lines)
 

@@ -48,6 +48,7 @@ def test_printed_samples_take_one_completion_of_each_prompt_first():
             for p, a, cs in (("Calculate 1 + 1 =", "2", [(2, 1.0), (3, 0.0)]), ("Calculate 2 * 3 =", "6", [(6, 1.0)]))
             for c, r in cs]
     text = format_samples(4, rows, 2)
+    rows_text = text.splitlines()[1:]
     assert text.splitlines() == ["step 4: 2 of its sampled completions (reward: prompt -> completion)",
                                  "   1.000: 'Calculate 1 + 1 =' -> ' 2'  (answer '2')",
                                  "   1.000: 'Calculate 2 * 3 =' -> ' 6'  (answer '6')"]
@@ -55,6 +56,8 @@ def test_printed_samples_take_one_completion_of_each_prompt_first():
     rows[0].update({"reward/format": 0.5, "reward": None})  # two functions: each one's figure; a None reward
     assert format_samples(1, rows, 1).splitlines()[1].endswith("(answer '2'; last_number 1.000; format 0.500)")
     assert format_samples(1, rows, 1).splitlines()[1].startswith("    none: ")
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Calculate 2 * 3 ="}]
+    assert format_samples(1, [{**rows[2], "prompt": chat}], 1).splitlines()[1] == rows_text[1]
     long = format_samples(1, [{**rows[1], "completion": "x" * 500}], 1, width=40)
     assert "x" * 19 + " ... " + "x" * 18 in long and "x" * 41 not in long
 
