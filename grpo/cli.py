@@ -1,4 +1,5 @@
 """`grpo train|eval|sample|serve [CONFIG] [dotted.key=value ...]`: parse, load the config, call the library;
+`grpo eval|sample RUN_DIR [dotted.key=value ...]`: a run's model with its own config (`run_source`);
 `grpo report RUN_DIR [RUN_DIR ...]`: compare runs (grpo/report.py). `grpo serve` starts the vLLM server that a
 run with rollout.backend=vllm_server and vllm_server.urls samples on (grpo/rollout/vllm_server.py).
 
@@ -15,9 +16,10 @@ import os
 import sys
 import threading
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.config import describe_options, load_config
+from grpo.config import describe_options, load_config, options
 from grpo.errors import NO_ROOM, GRPOError, write_failure
 from grpo.validate import registry_names
 
@@ -45,20 +47,122 @@ def _split_args(items: list[str]) -> tuple[Path, list[str]]:
     return DEFAULT_JOB, items
 
 
+# the options each command reads besides `train` (which reads them all), for its --help: sections and dotted keys
+# (`describe_options(only=...)`), less the keys of those sections it does not read
+READS = {
+    "eval": (("model", "data", "rollout", "tools", "sandbox", "eval", "reward_model", "judge", "vllm", "vllm_server",
+              "compute.threads", "train.seed"),
+             ("model.gradient_checkpointing", "model.logprob_chunk_size", "rollout.group_size",
+              "rollout.max_staleness", "rollout.staleness_mode")),
+    "sample": (("model", "data", "rollout", "tools", "sandbox", "vllm", "vllm_server", "compute.threads",
+                "train.seed"),
+               ("model.gradient_checkpointing", "model.logprob_chunk_size", "rollout.group_size",
+                "rollout.max_staleness", "rollout.staleness_mode")),
+    "serve": (("model.path", "model.dtype", "vllm", "vllm_server", "train.seed"), ()),
+}
+RUN_DIR_NOTE = ("CONFIG may be a run directory of grpo train: its config.yaml (task, chat template, tools, "
+                "environment, ...) and its final model/ (or, before the run has one, its newest checkpoint's "
+                "weights); dotted overrides apply on top. A model.path inside a run directory (runs/x/model) takes "
+                "that run's config.yaml too, unless a CONFIG is given.")
+
+
+def _epilog(command: str) -> str:
+    if command in READS:
+        sections, left_out = READS[command]
+        keep = [key for key, _, _ in options() if any(key == k or key.startswith(k + ".") for k in sections)
+                and key not in left_out]
+        text = describe_options(registry_names(), only=keep)
+        head = f"the options grpo {command} reads (as dotted.key=value, or in the YAML file; a config's others are " \
+               "ignored):\n"
+    else:
+        text, head = describe_options(registry_names()), "options (as dotted.key=value, or in the YAML file):\n"
+    note = "\n\n" + RUN_DIR_NOTE if command in ("eval", "sample") else ""
+    return head + text + note + "\n\nshipped configs: " + ", ".join(shipped_configs())
+
+
+@dataclass
+class Source:
+    """What `grpo eval` and `grpo sample` run: a config file and overrides, the checkpoint whose weights replace the
+    model's (a run without its final model yet), and the line that says so (None: a config as given)."""
+
+    config: Path | None
+    overrides: list[str]
+    checkpoint: Path | None = None
+    note: str | None = None
+
+
+# a run's training rewards are not what eval or sample use (eval.reward, eval.rewards are): a function given in
+# Python to train() may not be importable here, so a run's config loads with the default in their place
+_NOT_TRAINING = ["rewards=[last_number]", "reward_weights=null"]
+
+
+def run_source(items: list[str]) -> Source:
+    """eval's and sample's arguments: `RUN_DIR [key=value ...]` (the run's config.yaml and its final model/, or
+    before it has one its newest complete checkpoint), `CONFIG [key=value ...]` as train takes them, or only
+    overrides, where a model.path inside a run directory (runs/x/model, runs/x/checkpoints/step-N) takes that run's
+    config.yaml, else the default job's."""
+    first = items[0] if items and "=" not in items[0] else None
+    overrides = items[1:] if first is not None else list(items)
+    given = [o.partition("=")[2].strip() for o in overrides if o.partition("=")[0].strip() == "model.path"]
+    if first is not None and Path(first).is_dir():
+        run = Path(first)
+        if not (run / "config.yaml").is_file():
+            raise GRPOError(f"{first} is a directory without a config.yaml, not a run directory of grpo train; for "
+                            f"a model directory give model.path={first}")
+        if given:
+            return Source(run / "config.yaml", _NOT_TRAINING + overrides,
+                          note=f"run {run}: its config.yaml, with model.path={given[-1]}")
+        if _has_weights(run / "model"):
+            return Source(run / "config.yaml", _NOT_TRAINING + [f"model.path={run / 'model'}"] + overrides,
+                          note=f"run {run}: its config.yaml and its final model {run / 'model'}")
+        from grpo.checkpoint import find_checkpoint
+        ckpt = find_checkpoint("auto", run)
+        if ckpt is None:
+            raise GRPOError(f"run {run} has no final model ({run / 'model'}) and no complete checkpoint yet: "
+                            "nothing to load")
+        return Source(run / "config.yaml", _NOT_TRAINING + overrides, checkpoint=ckpt,
+                      note=f"run {run} has no final model yet: its config.yaml and the weights of its newest "
+                           f"checkpoint {ckpt}")
+    if first is not None:
+        return Source(resolve_config(first), overrides)
+    if given:
+        model = Path(given[-1]).expanduser()
+        if _is_checkpoint(model):
+            return Source(model / "config.yaml", _NOT_TRAINING + [o for o in overrides if not o.startswith(
+                "model.path=")], checkpoint=model, note=f"model.path={given[-1]} is a checkpoint: its config.yaml and "
+                                                         "its weights")
+        if model.is_dir() and (model.parent / "config.yaml").is_file():
+            return Source(model.parent / "config.yaml", _NOT_TRAINING + overrides,
+                          note=f"model.path={given[-1]} is in run {model.parent}: its config.yaml (task, chat "
+                               "template, tools, ...), not the default job's; give a CONFIG for another")
+    return Source(DEFAULT_JOB, overrides)
+
+
+def _has_weights(path: Path) -> bool:
+    return path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+
+
+def _is_checkpoint(path: Path) -> bool:
+    from grpo.checkpoint import MARKER
+    return (path / MARKER).is_file() and (path / "config.yaml").is_file()
+
+
 def _parser() -> argparse.ArgumentParser:
-    epilog = ("options (as dotted.key=value, or in the YAML file):\n" + describe_options(registry_names())
-              + "\n\nshipped configs: " + ", ".join(shipped_configs()))
+    from grpo import __version__
+
     p = argparse.ArgumentParser(prog="grpo", description="Group Relative Policy Optimization for causal LMs.")
+    p.add_argument("--version", action="version", version=f"grpo {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     fmt = argparse.RawDescriptionHelpFormatter
     t = sub.add_parser("train", help="train a model with GRPO (no arguments: the default tiny-model job)",
-                       epilog=epilog, formatter_class=fmt)
+                       epilog=_epilog("train"), formatter_class=fmt)
     t.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
-    e = sub.add_parser("eval", help="held-out greedy accuracy and pass@k of a model (model.path=...)",
-                       epilog=epilog, formatter_class=fmt)
-    e.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
-    s = sub.add_parser("sample", help="print sampled completions of a model", epilog=epilog, formatter_class=fmt)
-    s.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
+    e = sub.add_parser("eval", help="held-out greedy accuracy and pass@k of a run (RUN_DIR) or a model "
+                                    "(model.path=...)", epilog=_epilog("eval"), formatter_class=fmt)
+    e.add_argument("args", nargs="*", metavar="[RUN_DIR|CONFIG] [key=value]")
+    s = sub.add_parser("sample", help="print sampled completions of a run (RUN_DIR) or a model (model.path=...)",
+                       epilog=_epilog("sample"), formatter_class=fmt)
+    s.add_argument("args", nargs="*", metavar="[RUN_DIR|CONFIG] [key=value]")
     s.add_argument("--prompt", action="append", help="a prompt (repeatable); default: a few held-out prompts")
     s.add_argument("-n", type=int, default=None, help="completions per prompt (default 4; 1 when greedy)")
     s.add_argument("--temperature", type=float, default=None, metavar="T",
@@ -67,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="greedy decoding (the most likely token at each step, as grpo eval's accuracy): one "
                         "completion per prompt, the same every time")
     v = sub.add_parser("serve", help="start a vLLM server of model.path for rollout.backend=vllm_server (it prints "
-                                     "the URL to give the trainer as vllm_server.urls)", epilog=epilog,
+                                     "the URL to give the trainer as vllm_server.urls)", epilog=_epilog("serve"),
                        formatter_class=fmt)
     v.add_argument("args", nargs="*", metavar="[CONFIG] [key=value]")
     r = sub.add_parser("report", help="compare runs: one PNG and one self-contained HTML page",
@@ -113,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "report":
             return _report(args)
-        path, overrides = _split_args(args.args)
+        if args.command in ("eval", "sample"):
+            source = run_source(args.args)
+            if source.note:
+                print(f"grpo {args.command}: {source.note}", file=sys.stderr, flush=True)
+            args.checkpoint = source.checkpoint
+            path, overrides = source.config, source.overrides
+        else:
+            path, overrides = _split_args(args.args)
         cfg = load_config(path, overrides)
         return {"train": _train, "eval": _eval, "sample": _sample, "serve": _serve}[args.command](cfg, args)
     except GRPOError as e:
@@ -199,19 +310,46 @@ def _report(args) -> int:
     return 0
 
 
-def _load(cfg):
-    """Model (a saved full model or LoRA adapter directory both load), generator, environment and task, built
-    as training builds them."""
+def _load(cfg, checkpoint: Path | None = None):
+    """Model (a saved full model or LoRA adapter directory both load; with `checkpoint`, the run's model with that
+    checkpoint's weights), generator, environment and task, built as training builds them."""
     _quiet_transformers()
+    import torch
+
     from grpo.envs import build_environment
     from grpo.models import load_model
     from grpo.rollout import build_generator
     from grpo.tasks import load_task
 
-    model, tokenizer = load_model(cfg.model)
+    if cfg.compute.threads:
+        torch.set_num_threads(cfg.compute.threads)
+    model, tokenizer = load_model(cfg.model, cfg.lora if checkpoint is not None else None)
+    if checkpoint is not None:
+        _load_weights(model, checkpoint)
     generator = build_generator(model, tokenizer, cfg)
+    if checkpoint is not None:  # an engine of its own (vLLM) starts from model.path: it takes the checkpoint's weights
+        generator.sync_weights(model)
     environment = build_environment(model, tokenizer, cfg)
     return generator, environment, load_task(cfg.data, cfg.train.seed)
+
+
+def _load_weights(model, ckpt: Path) -> None:
+    """A checkpoint's model weights (grpo/checkpoint.py) into the model the run trained (its LoRA wrapping too)."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+    from grpo.checkpoint import verify
+    from grpo.policy.weights import tied_names
+
+    if problem := verify(ckpt):
+        raise GRPOError(f"checkpoint {ckpt} cannot be loaded: {problem}")
+    weights = load_file(str(ckpt / "model.safetensors"))
+    expected = set(get_model_state_dict(model))
+    missing, unexpected = sorted(expected - set(weights) - tied_names(model)), sorted(set(weights) - expected)
+    if missing or unexpected:
+        raise GRPOError(f"checkpoint {ckpt} does not fit the model of its config.yaml (missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]})")
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
 
 
 def _eval(cfg, args) -> int:
@@ -219,12 +357,22 @@ def _eval(cfg, args) -> int:
     from grpo.rewards import build_rewards, close_rewards, resolve_reward
     from grpo.sandbox import Limits
 
-    generator, environment, task = _load(cfg)
+    from tqdm.auto import tqdm
+
+    from grpo.evaluation import Progress
+
+    generator, environment, task = _load(cfg, args.checkpoint)
     examples = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
     if not examples:
         raise GRPOError("no held-out examples to evaluate on: set data.eval_path, data.eval_split or "
                         "data.eval_fraction")
     with contextlib.closing(generator), contextlib.ExitStack() as stack:
+        # a progress bar on a terminal (none when stderr is not one): the episodes, greedy and then pass@k's
+        bar = stack.enter_context(tqdm(total=len(examples) * (1 + cfg.eval.pass_k), desc="grpo eval", unit="episode",
+                                       disable=None, dynamic_ncols=True, file=sys.stderr))
+        if not bar.disable:
+            environment = Progress(environment, bar, chunk=max(8, -(-len(examples) // 20)),
+                                   pad_id=getattr(generator, "pad_id", 0))
         correct = resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox))
         more = build_rewards(cfg.eval.rewards, sandbox_limits=Limits.from_config(cfg.sandbox),
                              reward_model=cfg.reward_model, device=_device(cfg.model.device),
@@ -234,7 +382,7 @@ def _eval(cfg, args) -> int:
                            max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
                            temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
                            rewards=more)
-    print(json.dumps({"model": cfg.model.path, "task": getattr(task, "name", cfg.data.task),
+    print(json.dumps({"model": str(args.checkpoint or cfg.model.path), "task": getattr(task, "name", cfg.data.task),
                       "examples": len(examples), **metrics}, indent=2))
     return 0
 
@@ -264,7 +412,7 @@ def _sample(cfg, args) -> int:
     sampling = rollout_sampling(cfg.rollout, n)  # min_p, top_k, top_p, repetition_penalty and stop: the run's
     if temperature is not None:
         sampling = replace(sampling, temperature=temperature)  # 0: greedy, as grpo eval's accuracy
-    generator, environment, task = _load(cfg)
+    generator, environment, task = _load(cfg, args.checkpoint)
     examples = [Example(p, "") for p in args.prompt] if args.prompt else (task.eval or task.train)[:4]
     seeds = [sampling_seed(cfg.train.seed, SAMPLE, i) for i in range(len(examples))]
     with contextlib.closing(generator):

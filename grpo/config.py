@@ -567,9 +567,12 @@ class JudgeConfig:
 
 @dataclass
 class LogConfig:
-    samples_every: int = opt(10, "Write sample completions to samples.jsonl every this many steps; 0 never.", ge=0,
-                             resume="free")
+    samples_every: int = opt(10, "Write sample completions to samples.jsonl at the first step, every this many "
+                                 "steps and at the last step; 0 never.", ge=0, resume="free")
     samples_per_step: int = opt(2, "Groups (prompts) written each time samples are written.", ge=1, resume="free")
+    print_samples: int = opt(4, "Sampled completions (with their prompt and rewards) printed on the console at the "
+                                "first step of the process, every samples_every steps and at the last step (TRL's "
+                                "log_completions); 0 prints none.", ge=0, resume="free")
     trackers: list[Literal["tensorboard", "wandb", "trackio"]] = opt(
         ["tensorboard"], "Where every step's metrics, the resolved config and the sample completions are also "
                          "reported (besides metrics.jsonl): tensorboard (<output_dir>/tensorboard), wandb (Weights "
@@ -661,12 +664,24 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({_first_line(e)})") from None
         _set_dotted(raw, key.strip(), value)
     cfg = from_dict(raw)
+    if set(in_file) >= set(_field_names(AlgoConfig)):  # a resolved config (a run's config.yaml) names every key
+        cfg.algo._given = _set_on_purpose(cfg.algo, in_file, given)
     for check in LOAD_CHECKS:
         check(cfg)
     message = _preset_under_file_keys(path, in_file, cfg.algo.preset, given)
     if message:
         warnings.warn(message, stacklevel=2)
     return cfg
+
+
+def _set_on_purpose(algo: AlgoConfig, in_file: dict, given: set[str]) -> frozenset:
+    """The algo.* keys set on purpose in a resolved config (every key written out, as a run's config.yaml is): those
+    an override sets and those whose value is not the one the preset (else the declared default) fills in, so that
+    loading a run's config back warns of no key nobody set."""
+    own = preset_values(algo.preset)
+    defaults = {f.name: f.metadata["default"] for f in fields(AlgoConfig)}
+    return frozenset(k for k in algo._given
+                     if f"algo.{k}" in given or in_file.get(k) != own.get(k, defaults.get(k)))
 
 
 def _preset_under_file_keys(path, in_file: dict, preset: str, given: set[str]) -> str | None:
@@ -762,11 +777,13 @@ def help_of(f: Field, names: Mapping[str, Iterable[str]] | None = None) -> str:
     return text.replace("{names}", ", ".join(map(repr, listed)) if listed is not None else f"the {registry} registered")
 
 
-def describe_options(names: Mapping[str, Iterable[str]] | None = None) -> str:
+def describe_options(names: Mapping[str, Iterable[str]] | None = None, only: Iterable[str] | None = None) -> str:
     """Every option with its type, default and help: `grpo train --help` prints this (with `names`, see
-    `help_of`)."""
+    `help_of`). `only`: sections ("eval") and dotted keys ("train.seed") to list, the others left out."""
+    keep = None if only is None else tuple(only)
     return "\n".join(f"  {key} ({_type_name(tp)}, default {default_of(f)!r})\n      {help_of(f, names)}"
-                     for key, tp, f in options())
+                     for key, tp, f in options()
+                     if keep is None or any(key == k or key.startswith(k + ".") for k in keep))
 
 
 def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> tuple[list[str], list[str]]:

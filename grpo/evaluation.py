@@ -86,3 +86,28 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
         metrics[f"eval/pass@{pass_k}"] = hits.any(dim=1).float().mean().item()
         metrics["eval/sample_accuracy"] = hits.float().mean().item()
     return metrics
+
+
+class Progress:
+    """An environment whose rollouts advance a progress bar (`grpo eval`'s): the examples go to `environment` in
+    chunks of `chunk`, the bar moving by each chunk's episodes (`bar.update`), and the chunks' rollouts are joined.
+    A prompt's episodes depend on its seed only, not on the prompts beside it (grpo/rollout/hf.py), so the figures
+    are those of one call."""
+
+    def __init__(self, environment: Environment, bar, chunk: int, pad_id: int = 0):
+        self.environment, self.bar, self.chunk, self.pad_id = environment, bar, max(1, chunk), pad_id
+
+    def rollout(self, generator: Generator, examples: Sequence[Example], sampling: Sampling,
+                seeds: Sequence[int] | None = None):
+        from grpo.rollout.base import concat_rollouts
+
+        parts = []
+        for start in range(0, len(examples), self.chunk):
+            part = examples[start:start + self.chunk]
+            more = () if seeds is None else (seeds[start:start + self.chunk],)
+            parts.append(self.environment.rollout(generator, part, sampling, *more))
+            self.bar.update(len(part) * sampling.n)
+        return concat_rollouts(parts, self.pad_id)
+
+    def __getattr__(self, name: str):
+        return getattr(self.environment, name)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -165,14 +166,16 @@ def frozen_copy(model):
 
 
 def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig,
-               base_moved: bool = False) -> None:
+               base_moved: bool = False, card: Callable[..., str] | None = None) -> None:
     """The trained model via save_pretrained: full weights, or the LoRA adapter (plus merged weights if asked).
     `base_moved`: reference resets moved a LoRA model's base weights, so the adapter alone no longer gives the
-    policy on the original base: `model/` then holds the merged weights, a full model.
+    policy on the original base: `model/` then holds the merged weights, a full model. `card(adapter=, merged=)`:
+    the text of each directory's model card, README.md (grpo/model_card.py).
     Each directory is written beside its place and renamed into it (grpo/rundir.py `replace_dir`), so a kill or a
     full disk never leaves a half-written `model/`; a failed write raises WriteError."""
     from grpo.rundir import replace_dir
 
+    lora_model = is_lora(model)
     try:
         with replace_dir(out / "model") as tmp:
             if base_moved:
@@ -180,10 +183,15 @@ def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: Lo
             else:
                 model.save_pretrained(tmp, **({} if is_lora(model) else {"state_dict": state_dict}))
             tokenizer.save_pretrained(tmp)
+            if card is not None:  # peft writes a README.md of its own: ours replaces it
+                (tmp / "README.md").write_text(card(adapter=lora_model and not base_moved,
+                                                    merged=lora_model and base_moved))
         if is_lora(model) and lora.save_merged and not base_moved:
             with replace_dir(out / "model-merged") as tmp:
                 model.merge_and_unload().save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
+                if card is not None:
+                    (tmp / "README.md").write_text(card(adapter=False, merged=True))
     except Exception as e:  # an OSError, or safetensors' SafetensorError around one
         failed = write_failure(e)
         if failed is None:

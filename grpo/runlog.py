@@ -137,6 +137,49 @@ class RunLogger:
             raise errors[0]
 
 
+def samples_due(step: int, every: int, last: int) -> bool:
+    """Whether samples.jsonl gets `step`'s samples: the first step, every `every` steps and the last (`every` 0:
+    never)."""
+    return bool(every) and (step == 1 or step == last or step % every == 0)
+
+
+def format_samples(step: int, rows: list[dict], n: int, width: int = 100) -> str:
+    """What `grpo train` prints of a step's completions (log.print_samples): at most `n` of `rows` (`sample_rows`,
+    a group's completions one after another), the first completion of each prompt first, then the second of each,
+    ...; one line each: the reward (and each function's, where there are several), the prompt, the completion,
+    the reference answer. Texts longer than `width` characters are cut in the middle."""
+    groups: list[list[dict]] = []
+    for r in rows:
+        if groups and groups[-1][0]["prompt"] == r["prompt"]:
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    picked = [g[i] for i in range(max(map(len, groups), default=0)) for g in groups if i < len(g)][:n]
+    lines = [f"step {step}: {len(picked)} of its sampled completions (reward: prompt -> completion)"]
+    for r in picked:
+        per_fn = [f"{k[len('reward/'):]} {_figure(v)}" for k, v in r.items() if k.startswith("reward/")]
+        parts = per_fn if len(per_fn) > 1 else []  # one function: its value is the reward
+        if r.get("answer") not in (None, ""):
+            parts.insert(0, f"answer {_cut(str(r['answer']), 40)!r}")
+        if "stop" in r:
+            parts.append(f"{r['tool_calls']} tool calls, ended by {r['stop']}")
+        prompt = r["prompt"]
+        if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):  # chat messages: the last one's text
+            prompt = prompt[-1].get("content", "")
+        lines.append(f"  {_figure(r['reward']):>6}: {_cut(prompt, width)!r} -> {_cut(r['completion'], width)!r}"
+                     + (f"  ({'; '.join(parts)})" if parts else ""))
+    return "\n".join(lines)
+
+
+def _figure(v) -> str:
+    return "none" if v is None else f"{v:.3f}"
+
+
+def _cut(text: str, width: int) -> str:
+    text = str(text)
+    return text if len(text) <= width else text[:width // 2 - 1] + " ... " + text[-(width // 2 - 2):]
+
+
 def _append(f, text: str) -> None:
     """Write and flush; a failed write (a full disk) names the file."""
     try:
@@ -264,7 +307,8 @@ def summary_lines(rows: list[dict], out_dir: Path) -> list[str]:
     lines.append(f"{s['steps']} steps in {duration(s['seconds'])} ({s['step_seconds']:.2f} s per step), "
                  f"{s['tokens_per_s']:,.0f} completion tokens/s, peak memory {peak_memory()}")
     names = ["model/", "metrics.jsonl", "samples.jsonl", "chart.png", "tensorboard/", "wandb/", "checkpoints/"]
-    found = [n for n in names if (out_dir / n.rstrip("/")).exists()]
+    found = [n for n in names if (out_dir / n.rstrip("/")).exists()
+             and not (n == "samples.jsonl" and (out_dir / n).stat().st_size == 0)]  # log.samples_every=0: none
     lines.append(f"outputs in {out_dir}: {', '.join(found)}; compare runs with: grpo report {out_dir} [OTHER_RUN ...]")
     return lines
 

@@ -39,6 +39,7 @@ from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failu
 from grpo.evaluation import evaluate
 from grpo.learn import EntropyControl, Learner, learn
 from grpo.metrics import sample_rows, step_metrics
+from grpo.model_card import model_card
 from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
 from grpo.policy import LogprobModule, forward_path
@@ -47,7 +48,7 @@ from grpo.policy.weights import full_model_state
 from grpo.rewards import (RewardFn, build_rewards, close_rewards, example_fields, field_names, missing_fields,
                           needs_fields_error, recorded_name, resolve_reward, reward_name, take_figures)
 from grpo.rundir import RunLock, claim, clear, discard_unstarted
-from grpo.runlog import RunLogger
+from grpo.runlog import RunLogger, format_samples, samples_due
 from grpo.rollout import build_generator, rollout_sampling, snapshot_weights
 from grpo.sampling import Sampler
 from grpo.sandbox import Limits
@@ -266,7 +267,10 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
         if dist.is_main:
             try:
                 save_final(run.policy, run.tokenizer, out, state_dict=weights, lora=cfg.lora,
-                           base_moved=is_lora(run.policy) and cfg.algo.ref_sync_every > 0)
+                           base_moved=is_lora(run.policy) and cfg.algo.ref_sync_every > 0,
+                           card=functools.partial(model_card, cfg, initial_eval=result.initial_eval,
+                                                  final_eval=result.final_eval, history=logger.history,
+                                                  steps=result.steps_done))
             except WriteError as e:
                 error = f"{e}; {resume_hint(out, e)}"
     if error is None and dist.is_main:  # the run log's last writes (the files' close, the chart)
@@ -281,8 +285,9 @@ def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, stat
 def _steps(cfg: Config, run: _Run, dist: Dist, out: Path, state: TrainState, logger: RunLogger,
            result: TrainResult, lane: Lane | None, idle: _Idle) -> None:
     """The steps from state.step + 1 on; with `lane` (rollout.max_staleness >= 1) its batches were sampled ahead."""
+    first = state.step + 1
     with GracefulStop() as stop:
-        for step in range(state.step + 1, cfg.train.steps + 1):
+        for step in range(first, cfg.train.steps + 1):
             start = time.perf_counter()
             # 1-4. prompts → episodes → rewards → advantages (sampled ahead on the lane, or now)
             if lane is not None:
@@ -324,8 +329,11 @@ def _steps(cfg: Config, run: _Run, dist: Dist, out: Path, state: TrainState, log
             idle.add(rollout_seconds, done - start, metrics.get("perf/engine_wait_seconds"))
             _check_finite(cfg, state, updates, metrics, step, logger, result)
             _warn_unscored(exp, step, logger)
-            if cfg.log.samples_every and step % cfg.log.samples_every == 0:
+            if samples_due(step, cfg.log.samples_every, cfg.train.steps):
                 logger.samples(step, sample_rows(exp, cfg.log.samples_per_step))
+            if cfg.log.print_samples and len(exp) and (step in (first, cfg.train.steps) or samples_due(
+                    step, cfg.log.samples_every, cfg.train.steps)):  # TRL's log_completions, on the console
+                logger.write(format_samples(step, sample_rows(exp, len(exp)), cfg.log.print_samples))
             if step == cfg.train.steps or (cfg.eval.every and step % cfg.eval.every == 0):
                 result.final_eval, seconds = _evaluate(cfg, run, dist, logger, step, lane)
                 idle.evaluated(seconds.get("perf/eval_seconds", 0.0))

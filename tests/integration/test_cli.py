@@ -26,7 +26,9 @@ def test_train_eval_sample(tmp_path, random_model_dir, grpo_cli):
     summary = r.stdout.strip().splitlines()[-3:]  # the end-of-run summary
     assert summary[0].startswith("held-out accuracy ") and ", best " in summary[0] and "; pass@2 " in summary[0]
     assert summary[1].startswith("1 steps in ") and "completion tokens/s, peak memory " in summary[1]
-    assert summary[2].startswith(f"outputs in {out}: model/, metrics.jsonl, samples.jsonl, chart.png")
+    # samples.jsonl only if the step had samples: dynamic sampling may find no informative group on a random model
+    samples = "samples.jsonl, " if (out / "samples.jsonl").stat().st_size else ""
+    assert summary[2].startswith(f"outputs in {out}: model/, metrics.jsonl, {samples}chart.png")
     assert "grpo" in r.stderr  # the progress bar
     r = grpo_cli("eval", f"model.path={out / 'model'}", "eval.size=6", "eval.pass_k=2")
     assert r.returncode == 0, r.stderr
@@ -178,3 +180,52 @@ def test_a_full_disk_in_a_background_thread_prints_no_traceback(monkeypatch):
         t.start()
         t.join()
     assert [str(e) for e in passed_on] == ["a real bug"]  # only that one gets Python's traceback
+
+
+def test_a_run_explains_itself(tmp_path, random_model_dir, grpo_cli):
+    """A 3-step run on the arithmetic task (the default job's is mixed): samples.jsonl has its first and last step,
+    the console its sampled completions, model/ its card, and eval and sample on the run take its config."""
+    import warnings
+
+    import yaml
+
+    from grpo.config import load_config
+
+    out = tmp_path / "run"
+    r = grpo_cli("train", f"model.path={random_model_dir}", f"train.output_dir={out}", *FAST, "train.steps=3",
+                 "data.task=arithmetic", "log.print_samples=3", "log.progress=false", "algo.dynamic_sampling=false",
+                 "train.save_every=3")
+    assert r.returncode == 0, r.stderr
+    assert sorted({json.loads(x)["step"] for x in (out / "samples.jsonl").read_text().splitlines()}) == [1, 3]
+    printed = r.stdout.split("step 1: 3 of its sampled completions (reward: prompt -> completion)\n", 1)[1]
+    assert [line[8:].startswith(": 'Calculate ") for line in printed.splitlines()[:4]] == [True, True, True, False]
+    assert "step 3: 3 of its sampled completions" in r.stdout and "step 2: " not in r.stdout
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_config(out / "config.yaml").data.task == "arithmetic"
+    card = (out / "model" / "README.md").read_text()
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["library_name"] == "transformers" and meta["tags"] == ["grpo", "reinforcement-learning"]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert f"| accuracy (greedy) | {rows[0]['eval/accuracy']:.3f} | {rows[-1]['eval/accuracy']:.3f} |" in card
+
+    r = grpo_cli("eval", out, "eval.size=5", "eval.pass_k=0")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines()[0] == f"grpo eval: run {out}: its config.yaml and its final model {out / 'model'}"
+    report = json.loads(r.stdout)
+    assert (report["model"], report["examples"], "eval/pass@2" in report) == (str(out / "model"), 5, False)
+    assert "eval/accuracy/linear" not in report  # the run's task, not the default job's mixed one
+    r = grpo_cli("eval", f"model.path={out / 'model'}", "eval.size=5", "eval.pass_k=0")
+    assert r.returncode == 0 and json.loads(r.stdout) == report
+    assert r.stderr.startswith(f"grpo eval: model.path={out / 'model'} is in run {out}: its config.yaml")
+    r = grpo_cli("sample", out, "-n", "1")
+    assert r.returncode == 0, r.stderr
+    prompts = [line for line in r.stdout.splitlines() if not line.startswith("    -> ")]
+    assert len(prompts) == 4 and all(p.startswith("Calculate ") for p in prompts)
+    (out / "model").rename(tmp_path / "final")  # a run without its final model yet: its newest checkpoint's weights
+    r = grpo_cli("eval", out, "eval.size=5", "eval.pass_k=0")
+    assert r.returncode == 0, r.stderr
+    ckpt = out / "checkpoints" / "step-00000003"
+    assert r.stderr.splitlines()[0] == (f"grpo eval: run {out} has no final model yet: its config.yaml and the "
+                                        f"weights of its newest checkpoint {ckpt}")
+    assert json.loads(r.stdout) == {**report, "model": str(ckpt)}  # step 3's weights are the final model's
