@@ -353,13 +353,12 @@ def _load_weights(model, ckpt: Path) -> None:
 
 
 def _eval(cfg, args) -> int:
-    from grpo.evaluation import evaluate
-    from grpo.rewards import build_rewards, close_rewards, resolve_reward
-    from grpo.sandbox import Limits
-
     from tqdm.auto import tqdm
 
-    from grpo.evaluation import Progress
+    from grpo.evaluation import Progress, evaluate
+    from grpo.rewards import build_rewards, close_rewards, resolve_reward
+    from grpo.rollout import rollout_sampling
+    from grpo.sandbox import Limits
 
     generator, environment, task = _load(cfg, args.checkpoint)
     examples = task.eval[:cfg.eval.size] if cfg.eval.size else task.eval
@@ -380,8 +379,8 @@ def _eval(cfg, args) -> int:
         stack.callback(close_rewards, [fn for _, fn in more])  # a judge's launched server stops with the command
         metrics = evaluate(environment, generator, examples, correct,
                            max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                           rewards=more)
+                           temperature=cfg.eval.temperature, seed=cfg.train.seed, rewards=more,
+                           threshold=cfg.eval.threshold, sampling=rollout_sampling(cfg.rollout, 1))
     print(json.dumps({"model": str(args.checkpoint or cfg.model.path), "task": getattr(task, "name", cfg.data.task),
                       "examples": len(examples), **metrics}, indent=2))
     return 0

@@ -173,7 +173,7 @@ class RolloutConfig:
     stop: list[str] = opt([], "Stop strings: a completion ends with the token that completes the first of them in "
                               "its text (after min_new_tokens), as at EOS; its tokens up to and including that one "
                               "are trained, and the text the rewards see ends with the stop string. Not with "
-                              "environment=tools, whose turns end at EOS. Held-out evaluation does not use them.")
+                              "environment=tools, whose turns end at EOS. Held-out evaluation uses them too.")
     backend: str = opt("hf", "Rollout engine, a name in grpo.rollout.BACKENDS ({names}): 'hf' samples in-process "
                              "from the model being trained (transformers' model, grpo's lean decoding loop); "
                              "'vllm' samples with a vLLM engine in each training process, sharing its device, its "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -46,15 +47,21 @@ def _correct(fn: RewardFn, examples: Sequence[Example], texts: list[str], repeat
 def evaluate(environment: Environment, generator: Generator, examples: Sequence[Example], correct_fn: RewardFn, *,
              max_new_tokens: int, pass_k: int = 0, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0,
              dist: Dist | None = None, rewards: Sequence[tuple[str, RewardFn]] = (),
-             threshold: float = 1.0) -> dict[str, float]:
-    """`eval/accuracy` (greedy; correct: `correct_fn` gives at least `threshold`), `eval/pass@k` (k samples, at
-    least one correct), per family when the examples carry a `task` field (`eval/accuracy/<task>`), and
+             threshold: float = 1.0, sampling: Sampling | None = None) -> dict[str, float]:
+    """`eval/accuracy` (greedy; correct: `correct_fn` gives at least `threshold`), `eval/pass@k` (k samples at
+    `temperature`, at least one correct), per family when the examples carry a `task` field (`eval/accuracy/<task>`), and
     `eval/mean_length`; with `rewards` ((name, function) pairs: `eval.rewards`), each one's mean over the greedy
     completions as `eval/reward/<name>` (None values left out). Episodes run through the environment, as in training.
 
     With several processes each evaluates an equal share and the results are gathered: every process returns
-    the same figures, equal to a single process's (a prompt's samples depend on its seed only)."""
+    the same figures, equal to a single process's (a prompt's samples depend on its seed only).
+
+    `sampling`: the run's sampler settings (`rollout_sampling(cfg.rollout, 1)`; None: `max_new_tokens` and
+    `top_p` alone). The greedy pass keeps their repetition penalty and stop strings (top-k, top-p and min-p never
+    drop the most likely token); pass@k keeps all of them but the temperature. min_new_tokens is training's
+    alone."""
     dist = dist or Dist()
+    base = replace(sampling or Sampling(1, max_new_tokens, top_p=top_p), min_new_tokens=0)
     n = len(examples)
     per = math.ceil(n / dist.world_size)
     index = [min(i, n - 1) for i in range(dist.rank * per, (dist.rank + 1) * per)]  # padded to equal shares
@@ -62,7 +69,7 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     # one seed per example, for the greedy pass too: every environment is called as the contract says,
     # rollout(generator, examples, sampling, seeds) (grpo.envs.base)
     seeds = [sampling_seed(seed, EVAL, i) for i in index]
-    greedy = environment.rollout(generator, mine, Sampling(1, max_new_tokens, temperature=0.0), seeds)
+    greedy = environment.rollout(generator, mine, replace(base, n=1, temperature=0.0), seeds)
     ok = _correct(correct_fn, mine, greedy.texts, 1, episode_fields(greedy), threshold)[:, 0]
     ok = dist.gather(ok.float())[:n].bool()
     lengths = dist.gather(greedy.lengths.float().cpu())[:n]
@@ -80,7 +87,7 @@ def evaluate(environment: Environment, generator: Generator, examples: Sequence[
     if len(families) > 1:
         metrics.update({f"eval/accuracy/{k}": sum(v) / len(v) for k, v in sorted(families.items())})
     if pass_k > 0:
-        sampled = environment.rollout(generator, mine, Sampling(pass_k, max_new_tokens, temperature, top_p), seeds)
+        sampled = environment.rollout(generator, mine, replace(base, n=pass_k, temperature=temperature), seeds)
         hits = _correct(correct_fn, mine, sampled.texts, pass_k, episode_fields(sampled), threshold).float()
         hits = dist.gather(hits.reshape(-1)).view(-1, pass_k)[:n].bool()
         metrics[f"eval/pass@{pass_k}"] = hits.any(dim=1).float().mean().item()

@@ -356,10 +356,7 @@ def _start_lane(cfg: Config, run: _Run, state: TrainState) -> Lane:
     those of the batches in flight (a resume's, from its checkpoint)."""
     every, last = cfg.eval.every, cfg.train.steps
     eval_steps = {t for t in range(state.step + 1, last + 1) if t == last or (every and t % every == 0)}
-    evaluate_on = lambda d: evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,  # noqa: E731
-                                     max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                                     temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed,
-                                     dist=d, rewards=run.eval_rewards, threshold=cfg.eval.threshold)
+    evaluate_on = functools.partial(_held_out, cfg, run)
     weights, run.lagged = {**run.lagged, state.step: snapshot_weights(run.policy)}, {}  # the lane's alone now
     return Lane(functools.partial(collect, run.collector), run.stream, run.generator, run.sampling_dist,
                 k=cfg.rollout.max_staleness, mode=cfg.rollout.staleness_mode, first=state.step + 1, last=last,
@@ -626,13 +623,18 @@ def _evaluate(cfg: Config, run: _Run, dist: Dist, logger: RunLogger, step: int,
     if lane is not None:
         metrics = lane.evaluation(step)
     else:
-        metrics = evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
-                           max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k,
-                           temperature=cfg.eval.temperature, top_p=cfg.rollout.top_p, seed=cfg.train.seed, dist=dist,
-                           rewards=run.eval_rewards, threshold=cfg.eval.threshold)
+        metrics = _held_out(cfg, run, dist)
     logger.write(f"step {step:>4}: held-out accuracy {metrics['eval/accuracy']:.3f}"
                  + "".join(f", {k[5:]} {v:.3f}" for k, v in metrics.items() if k.startswith("eval/pass@")))
     return metrics, {"perf/eval_seconds": time.perf_counter() - start}
+
+
+def _held_out(cfg: Config, run: _Run, dist: Dist) -> dict[str, float]:
+    """`grpo.evaluation.evaluate` of the run's held-out examples, with the run's sampler settings."""
+    return evaluate(run.environment, run.generator, run.eval_set, run.correct_fn,
+                    max_new_tokens=cfg.rollout.max_new_tokens, pass_k=cfg.eval.pass_k, temperature=cfg.eval.temperature,
+                    seed=cfg.train.seed, dist=dist, rewards=run.eval_rewards, threshold=cfg.eval.threshold,
+                    sampling=rollout_sampling(cfg.rollout, 1))
 
 
 def _warn_unscored(exp, step: int, logger: RunLogger) -> None:

@@ -69,8 +69,8 @@ TRL_NAMES: dict[str, TrlName] = {
     "generation_kwargs": _n("", "the sampler's settings are the rollout.* options (temperature, top_p, top_k, "
                                 "min_p, repetition_penalty, stop, min_new_tokens, max_new_tokens); others are not "
                                 "offered", "None"),
-    "chat_template_kwargs": _n("", "not offered in this version: model.chat_template=true applies the tokenizer's "
-                                   "template as it is, with model.system_prompt", "None"),
+    "chat_template_kwargs": _n("model.chat_template_kwargs", "passed to apply_chat_template wherever a prompt is "
+                                                             "rendered (enable_thinking, say)", "None"),
     "repetition_penalty": _n("rollout.repetition_penalty", "transformers' and vLLM's definition; warns at load: "
                                                        "the loss's ratio and KL are the unpenalised policy's", "1.0"),
     "cache_implementation": _n("", _HF_LOOP, "None"),

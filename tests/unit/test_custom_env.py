@@ -322,6 +322,33 @@ def test_evaluation_calls_the_documented_signature():
     assert t0 == 0.0 and t1 == 1.0 and len(greedy) == 2 and greedy == sampled  # one seed per example, each pass
 
 
+def test_evaluation_samples_with_the_runs_settings():
+    """Given the run's sampler settings, the greedy pass keeps the repetition penalty and the stop strings, and
+    pass@k every setting but the temperature (eval.temperature); min_new_tokens is training's alone."""
+    seen = []
+
+    class Recording(Echo):
+        def rollout(self, generator, examples, sampling, seeds):
+            seen.append(sampling)
+            return super().rollout(generator, examples, sampling, seeds)
+
+    gen = Fixed(CHAR, None)
+    gen.version = 0
+    run = Sampling(1, 8, temperature=0.7, top_p=0.9, top_k=5, min_new_tokens=2, min_p=0.1, repetition_penalty=1.3,
+                   stop=("\n",))
+    evaluate(Recording(CHAR), gen, [Example("1+2=", "3")], resolve_reward("last_number", field="eval.reward"),
+             max_new_tokens=99, pass_k=3, temperature=1.1, sampling=run)
+    greedy, sampled = seen
+    assert greedy == Sampling(1, 8, temperature=0.0, top_p=0.9, top_k=5, min_p=0.1, repetition_penalty=1.3,
+                              stop=("\n",))
+    assert sampled == Sampling(3, 8, temperature=1.1, top_p=0.9, top_k=5, min_p=0.1, repetition_penalty=1.3,
+                               stop=("\n",))
+    seen.clear()  # without them: max_new_tokens and top_p alone, as before
+    evaluate(Recording(CHAR), gen, [Example("1+2=", "3")], resolve_reward("last_number", field="eval.reward"),
+             max_new_tokens=6, pass_k=2, temperature=1.1, top_p=0.8)
+    assert seen == [Sampling(1, 6, temperature=0.0, top_p=0.8), Sampling(2, 6, temperature=1.1, top_p=0.8)]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the example environment of docs/examples, with a scripted generator
 
