@@ -525,7 +525,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     correct_fn = built[cfg.eval.reward][1] if rewards is not None and cfg.eval.reward in built else \
         resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox))
-    given_fields = {"prompts": [], "completions": [], **example_fields(eval_set[:1])}
+    given_fields = {"prompts": [], "completions": [], **example_fields(eval_set[:1]),  # and a multi-turn episode's
+                    **({"messages": [], "turn_ends": []} if cfg.rollout.environment != "single_turn" else {})}
     if eval_set and (missing := missing_fields(correct_fn, given_fields)):  # now, not at the step-0 evaluation
         raise needs_fields_error(reward_name(correct_fn), missing, given_fields, field="eval.reward")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,

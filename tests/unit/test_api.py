@@ -244,3 +244,28 @@ def test_an_eval_reward_the_data_cannot_feed_fails_before_the_first_step(tmp_pat
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     with pytest.raises(ConfigError, match=r"train_dataset is given, and the config sets data.path=x.jsonl"):
         grpo.train({"data.path": "x.jsonl"}, train_dataset=rows, rewards=[zero])
+
+
+EPISODES: list = []
+
+
+def solved_episode(prompts, completions, messages, turn_ends, answer, **kwargs):
+    """An eval.reward of a multi-turn environment: it reads the episodes' messages (as evaluation gives them)."""
+    EPISODES.append((messages, turn_ends))
+    return [1.0 if m[-1]["content"].strip().endswith(str(a)) else 0.0 for m, a in zip(messages, answer)]
+
+
+def test_a_multi_turn_eval_reward_gets_the_episodes(tmp_path):
+    """An eval.reward that takes the episodes' `messages` and `turn_ends` is not refused when the run is built:
+    evaluation gives them (tool episodes on the bundled tiny-tools model, one step)."""
+    from grpo.config import load_config
+    EPISODES.clear()
+    cfg = load_config("tiny_tools", ["train.steps=1", "train.prompts_per_step=2", "rollout.group_size=2",
+                                     "eval.size=2", "eval.pass_k=0", "eval.every=0", "eval.reward=test_api:solved_episode",
+                                     *[f"{k}={str(v).lower()}" for k, v in FAST.items() if k.startswith("log.")],
+                                     f"train.output_dir={tmp_path / 'run'}"])
+    result = grpo.train(cfg)
+    assert result.steps_done == 1 and 0.0 <= result.final_eval["eval/accuracy"] <= 1.0
+    messages, turn_ends = EPISODES[-1]
+    assert len(messages) == len(turn_ends) == 2 and messages[0][-1]["role"] == "assistant"
+    assert all(len(t) >= 1 for t in turn_ends)
