@@ -158,9 +158,10 @@ def _step_tensors(tokenizer, rollout: Rollout, steps: list[list[tuple[int, float
     ends = torch.full((n, k), -1, dtype=torch.long)
     rewards = torch.zeros(n, k, dtype=torch.float32)
     lengths = rollout.lengths.tolist()
-    text_len = (rollout.lengths - (~rollout.truncated).long()).tolist()  # tokens before EOS
     for i, row in enumerate(steps):
-        ids = rollout.completion_ids[i, :text_len[i]].tolist()
+        # every token, the last included: a row a stop string ended has text up to its last token (the one that
+        # completed the string); a final EOS is never reached, as the text before it already holds every step
+        ids = rollout.completion_ids[i, :lengths[i]].tolist()
         for j, (end, reward) in enumerate(row):
             ends[i, j] = _token_of(tokenizer, ids, end, rollout.texts[i], lengths[i])
             rewards[i, j] = reward
@@ -168,11 +169,11 @@ def _step_tensors(tokenizer, rollout: Rollout, steps: list[list[tuple[int, float
 
 
 def _token_of(tokenizer, ids: list[int], end: int, text: str, length: int) -> int:
-    """The index of the token that completes character end - 1 of `text` (the decoding of `ids`): the first k
-    whose decoded prefix holds `text[:end]` whole, minus one. A binary search over decoded prefixes, which only
-    grow; "holds whole" rather than "is that long", since a byte-level tokenizer decodes a character split over
-    tokens as a replacement character until its last byte. The end of the text is the episode's last token (its
-    EOS too); 0 is its first."""
+    """The index of the token that completes character end - 1 of `text` (the decoding of `ids`, before their
+    EOS or up to a stop string): the first k whose decoded prefix holds `text[:end]` whole, minus one. A binary
+    search over decoded prefixes, which only grow; "holds whole" rather than "is that long", since a byte-level
+    tokenizer decodes a character split over tokens as a replacement character until its last byte. The end of
+    the text is the episode's last token (its EOS too); 0 is its first."""
     if end >= len(text):
         return max(length - 1, 0)
     lo, hi = 1, len(ids)

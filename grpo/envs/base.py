@@ -15,7 +15,8 @@ one `Rollout` of N = examples × n episodes, example by example, in which:
 - `texts` is what the reward functions score, one string per episode: the decoding of the episode's tokens
   before its EOS (`skip_special_tokens=True`), since process rewards' character offsets are mapped back to
   tokens through it;
-- `truncated` marks episodes cut off by a length limit; every other episode ends with an EOS token, its last;
+- `truncated` marks episodes cut off by a length limit; every other episode ends with an EOS token, its last
+  (or, one ended by a stop string, `rollout.stop`, with the token that completed the string, which is text);
 - `sampler_logp`, if the generator reported log-probs, covers the model's tokens (0 elsewhere);
 - `episodes`, from a multi-turn environment, one `Episode` per row (what it recorded: messages, turn ends,
   calls, why it ended), which reaches the rewards through `episode_fields` and the metrics as `episode/*`.

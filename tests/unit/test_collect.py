@@ -8,7 +8,7 @@ import torch
 
 import grpo.learn as learn_module
 from grpo.algo.specs import AdvantageSpec
-from grpo.collect import Collector, _token_of, collect
+from grpo.collect import Collector, _step_tensors, _token_of, collect
 from grpo.config import ModelConfig
 from grpo.data import PromptStream
 from grpo.distributed import Dist
@@ -108,6 +108,30 @@ def test_step_ends_wait_for_every_byte_of_a_character():
     assert _token_of(tok, ids, 5, text, len(ids)) == 5       # "1", one byte
     assert _token_of(tok, ids, 8, text, len(ids)) == 11      # the first "😀": bytes 8-11
     assert _token_of(tok, ids, 9, text, len(ids)) == 15      # the second: 12-15
+
+
+class Words:
+    """A tokenizer of whole pieces (the last one EOS, a special token), for steps that end inside a token."""
+
+    pieces = ["The", " answer", " is", " 42", ".\n\n", "<eos>"]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(self.pieces[i] for i in ids if not (skip_special_tokens and i == 5))
+
+
+def test_a_step_ending_in_the_token_that_completed_a_stop_string():
+    # the same text ended by EOS (row 0) and by the stop string "\n\n" (row 1: its last token completed the
+    # string, and is text): a step that ends on "." ends on the token ".\n\n" in both rows, not the one before
+    ids = torch.tensor([[0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]])
+    ids[1, 5] = 5  # padding
+    mask = torch.tensor([[1] * 6, [1] * 5 + [0]])
+    text = "The answer is 42.\n\n"
+    rollout = Rollout(torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1, dtype=torch.long), ids, mask,
+                      torch.zeros(2, dtype=torch.bool), [text, text])
+    steps = [[(16, 1.0), (17, 0.5), (len(text), 0.0)]] * 2  # after "42", after ".", the end of the text
+    ends, rewards = _step_tensors(Words(), rollout, steps)
+    assert ends.tolist() == [[3, 4, 5], [3, 4, 4]]
+    assert rewards.tolist() == [[1.0, 0.5, 0.0]] * 2
 
 
 def test_process_advantages_are_the_hand_computed_ones():
