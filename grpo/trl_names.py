@@ -160,11 +160,13 @@ TRL_NAMES: dict[str, TrlName] = {
     "off_policy_mask_threshold": _n("algo.off_policy_mask_threshold", "", "None"),
     "use_bias_correction_kl": _n("algo.unbiased_kl", "TRL's default is on, grpo's off", "True",
                                  {True: "algo.unbiased_kl=prox", False: "algo.unbiased_kl=off"}),
-    "log_completions": _n("log.samples_every", "sampled completions with their rewards go to samples.jsonl (and the "
-                                               "trackers) every log.samples_every steps; 0 never", "False"),
+    "log_completions": _n("log.print_samples", "grpo prints sampled completions with their rewards by default, at "
+                                               "the first step, every log.samples_every steps and at the last; "
+                                               "samples.jsonl and the trackers get them at those steps too", "False",
+                          {True: "log.print_samples=4 (the default)", False: "log.print_samples=0"}),
     "log_multimodal": _n("", "not needed: grpo trains on text", "True"),
-    "num_completions_to_print": _n("log.samples_per_step", "grpo counts groups (prompts), each with its G "
-                                                           "completions", "None"),
+    "num_completions_to_print": _n("log.print_samples", "completions printed each time; TRL's None (all of the "
+                                                        "step's) is not offered: give a number", "None"),
     "log_unique_prompts": _n("", "not needed: each group written is one prompt with its completions", "False"),
     "log_completions_hub_repo": _n("", "not offered: samples.jsonl is in the run directory", "None"),
     "use_transformers_continuous_batching": _n("", _HF_LOOP, "False"),

@@ -89,6 +89,10 @@ def test_a_trl_name_said_to_be_missing_is_not_an_option_of_grpo():
     ("report_to=none", "TRL's report_to='none' is log.trackers=[]"),
     ("pad_to_multiple_of=8", "pad_to_multiple_of is TRL's name; grpo has no such option"),
     ("min_p=0.1", "min_p is TRL's name; grpo's is rollout.min_p"),
+    # printing completions on the console is log.print_samples (it counts completions, as TRL's does)
+    ("log.log_completions=false", "grpo's is log.print_samples (grpo prints"),
+    ("log.log_completions=false", "TRL's log_completions=false is log.print_samples=0"),
+    ("num_completions_to_print=3", "num_completions_to_print is TRL's name; grpo's is log.print_samples ("),
     ("mask_truncated_completions=true", "grpo's is algo.mask_truncated"),
     ("log.logging_steps=5", "logging_steps is TRL's name; grpo has no such option (not needed: every step's "),
     ("output_dir=runs/x", "grpo's is train.output_dir"),
