@@ -32,7 +32,8 @@ def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
     """Prompt → the text the model sees (`cfg`: the `model.*` section: `chat_template`, `system_prompt`,
     `chat_template_kwargs`). A text prompt goes as is, or, with `chat_template` on, as a user message through the
     tokenizer's chat template; a conversation (TRL's conversational format) always goes through the template,
-    `system_prompt` placed first when it has no system message. Both end with the generation prompt."""
+    `system_prompt` placed first when it has no system message. Both end with the generation prompt, also after a
+    final assistant message (not continued: TRL's GRPOTrainer renders its prompts so)."""
     kwargs = dict(getattr(cfg, "chat_template_kwargs", None) or {})
     system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
     if cfg.chat_template and not getattr(tokenizer, "chat_template", None):

@@ -160,6 +160,19 @@ def test_chat_template_and_its_kwargs_render_a_conversation():
     assert quiet("3 + 4?") == "user: 3 + 4?\n/no_think\nassistant:"
 
 
+def test_a_conversation_ending_with_an_assistant_message_gets_a_new_assistant_turn():
+    """As TRL 1.16's GRPOTrainer renders its prompts (`_tokenize_prompts`: add_generation_prompt=True whatever the
+    last role): the assistant message is closed and the model answers in a turn of its own, not continuing it."""
+    from transformers import AutoTokenizer
+
+    from grpo.envs import prompt_formatter
+    from grpo.tiny import TINY_TOOLS_DIR
+    tok = AutoTokenizer.from_pretrained(TINY_TOOLS_DIR)
+    chat = [{"role": "user", "content": "3 + 4?"}, {"role": "assistant", "content": "Let me think."}]
+    assert prompt_formatter(tok, ModelConfig())(chat) == \
+        "<|user|>3 + 4?<|endoftext|><|assistant|>Let me think.<|endoftext|><|assistant|>"
+
+
 def test_the_tools_environment_passes_chat_template_kwargs(monkeypatch):
     from transformers import AutoTokenizer
 
