@@ -791,7 +791,7 @@ def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> 
     those a resume must refuse (every option declared resume="refused"), and those it allows at the cost of exact
     rounding (resume="rounding"). A key the saved config lacks (written before the option existed) counts as its
     value in `defaults`; one the current config lacks (an option since removed) is ignored."""
-    a, b = {**flatten(defaults or {}), **flatten(saved)}, flatten(current)
+    a, b = {**_by_option(defaults or {}), **_by_option(saved)}, _by_option(current)
     refused, rounding = [], []
     for key in sorted(b):  # a key this version no longer has cannot change anything
         kind = RESUME.get(key, "refused")
@@ -799,6 +799,18 @@ def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> 
             continue
         (rounding if kind == "rounding" else refused).append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
     return refused, rounding
+
+
+def _by_option(d: dict) -> dict:
+    """A config by option ("section.key"), a dict-valued option (model.chat_template_kwargs) as one value: a key
+    removed from it is a change, not a key that no longer exists."""
+    out = {}
+    for section, values in d.items():
+        if isinstance(values, dict):
+            out.update({f"{section}.{key}": value for key, value in values.items()})
+        else:
+            out[section] = values
+    return out
 
 
 def may_change() -> str:
