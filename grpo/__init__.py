@@ -5,9 +5,9 @@
 
 `train(config=None, *, model=None, processing_class=None, train_dataset=None, eval_dataset=None, rewards=None,
 tools=None, environment=None)`:
-- `config` (also `cfg=`, its old name): a `Config`, a dict of settings over the default job (dotted keys `{"train.steps": 20}` or nested
-  sections, as `grpo train key=value` sets them), a YAML path or a shipped config's name ("tiny",
-  "presets/dapo"); None: the default job (grpo/configs/tiny.yaml).
+- `config` (also `cfg=`, its old name): a `Config`, a dict of settings over the default job (dotted keys
+  `{"train.steps": 20}` or nested sections, as `grpo train key=value` sets them), a YAML path or a shipped
+  config's name ("tiny", "presets/dapo"); None: the default job (grpo/configs/tiny.yaml).
 - `model`: a path or Hub id (model.path), or a loaded `transformers.PreTrainedModel`, trained in place (its
   tokenizer or processor: `processing_class`, else loaded from its `name_or_path`).
 - `train_dataset` / `eval_dataset`: a `datasets.Dataset`, an `IterableDataset` (read to its end once, at the

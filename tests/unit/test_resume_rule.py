@@ -91,4 +91,5 @@ def test_a_key_removed_from_a_dict_option_is_a_change():
     saved = load_config(None, ["model.chat_template_kwargs={enable_thinking: false}"]).to_dict()
     refused, _ = config_changes(saved, DEFAULTS, DEFAULTS)
     assert refused == ["model.chat_template_kwargs: {'enable_thinking': False} -> {}"]
-    assert config_changes(DEFAULTS, saved, DEFAULTS)[0] == ["model.chat_template_kwargs: {} -> {'enable_thinking': False}"]
+    assert config_changes(DEFAULTS, saved, DEFAULTS)[0] == [
+        "model.chat_template_kwargs: {} -> {'enable_thinking': False}"]
