@@ -9,6 +9,7 @@ from typing import Any
 
 from grpo.config import Config, config_path, from_dict, load_config, read_yaml
 from grpo.errors import ConfigError
+from grpo.validate import carry_validation
 
 DEFAULT_JOB = "tiny"  # what `grpo train` runs without a CONFIG: grpo/configs/tiny.yaml
 
@@ -23,7 +24,7 @@ def as_config(config: Config | Mapping | str | Path | None) -> Config:
     if isinstance(config, Config):
         return config
     if isinstance(config, (str, Path)):
-        return load_config(config)
+        return load_config(config, validate=False)  # validated by `train`, as a dict is
     if isinstance(config, Mapping):
         raw = read_yaml(config_path(DEFAULT_JOB))
         for key, value in config.items():
@@ -88,7 +89,13 @@ def train(config=None, *, model=None, processing_class=None, train_dataset=None,
     """Run GRPO (`grpo.train`); see `grpo.__init__`."""
     from grpo.trainer import train as _train
 
-    cfg, fns = sort_rewards(as_config(config), rewards)
+    if "cfg" in kwargs:  # the keyword's name before grpo.train took objects: train(cfg=...)
+        if config is not None:
+            raise ConfigError("grpo.train: give config (or its old name cfg), not both")
+        config = kwargs.pop("cfg")
+    config = as_config(config)
+    cfg, fns = sort_rewards(config, rewards)
+    carry_validation(config, cfg)  # a trap `load_config` warned of is not warned of again
     return _train(cfg, rewards=fns, model=model, processing_class=processing_class, train_dataset=train_dataset,
                   eval_dataset=eval_dataset, tools=tools, environment=environment, **kwargs)
 
@@ -106,8 +113,10 @@ def with_peft(cfg: Config, peft_config) -> Config:
     targets = peft_config.target_modules
     targets = ["all-linear"] if targets in (None, "all-linear") else [targets] if isinstance(targets, str) \
         else sorted(targets)
-    return replace(cfg, lora=replace(cfg.lora, rank=int(peft_config.r), alpha=float(peft_config.lora_alpha),
-                                     dropout=float(peft_config.lora_dropout), target_modules=targets))
+    return carry_validation(cfg, replace(cfg, lora=replace(cfg.lora, rank=int(peft_config.r),
+                                                           alpha=float(peft_config.lora_alpha),
+                                                           dropout=float(peft_config.lora_dropout),
+                                                           target_modules=targets)))
 
 
 class GRPOTrainer:

@@ -96,11 +96,54 @@ class Source:
 _NOT_TRAINING = ["rewards=[last_number]", "reward_weights=null"]
 
 
-def run_source(items: list[str]) -> Source:
+def run_source(items: list[str], *, needs_data: bool = True) -> Source:
     """eval's and sample's arguments: `RUN_DIR [key=value ...]` (the run's config.yaml and its final model/, or
     before it has one its newest complete checkpoint), `CONFIG [key=value ...]` as train takes them, or only
     overrides, where a model.path inside a run directory (runs/x/model, runs/x/checkpoints/step-N) takes that run's
-    config.yaml, else the default job's."""
+    config.yaml, else the default job's. A run's config.yaml that cannot say what the run used (`check_run`) is
+    refused in one line that names the overrides to give; `needs_data`: the command reads the held-out examples."""
+    source = _source(items)
+    if source.note is not None:  # a run's config.yaml
+        check_run(source.config, source.overrides, needs_data=needs_data)
+    return source
+
+
+# where a run's config.yaml names Python objects: those its training script defined cannot be imported here
+_NAMED_OBJECTS = {"rollout.environment": "my_module:MyEnv", "rollout.backend": "my_module:MyBackend",
+                  "tools.names": "[my_module:add]", "eval.reward": "my_module:accuracy_reward",
+                  "eval.rewards": "[my_module:format_reward]"}
+
+
+def check_run(config: Path, overrides: list[str], *, needs_data: bool = True) -> None:
+    """A run's config.yaml loads for eval and sample as what the run used, or a GRPOError naming the overrides to
+    give: the data sets it was given as objects (data.given) as files, and what its training script defined
+    ('__main__:add', a local function) from an importable module."""
+    import yaml
+
+    saved = yaml.safe_load(config.read_text()) or {}
+    keys = {o.partition("=")[0].strip() for o in overrides}
+    data = saved.get("data") or {}
+    given = data.get("given") or []
+    need = ["data.path"] + (["data.eval_path"] if "eval_dataset" in given else [])
+    if needs_data and given and not all(k in keys for k in need):
+        raise GRPOError(f"{config} is a run trained on data given to grpo.train as objects ({', '.join(given)}), "
+                        f"which its config cannot hold: give them as files, "
+                        + " ".join(f"{k}=FILE" for k in need) + " (--prompt for grpo sample)")
+    script = []
+    for key, example in _NAMED_OBJECTS.items():
+        section, _, name = key.partition(".")
+        value = (saved.get(section) or {}).get(name)
+        values = value if isinstance(value, list) else [value]
+        bad = [v for v in values if isinstance(v, str) and (v.startswith("__main__:") or "<locals>" in v)]
+        if bad and key not in keys:
+            script.append((key, bad, example))
+    if script:
+        raise GRPOError(f"{config} names what its training script defined, which cannot be imported here ("
+                        + "; ".join(f"{k}: {', '.join(b)}" for k, b, _ in script) + "): give them from an "
+                        "importable module, " + " ".join(f"{k}={e}" for k, _, e in script))
+
+
+def _source(items: list[str]) -> Source:
     first = items[0] if items and "=" not in items[0] else None
     overrides = items[1:] if first is not None else list(items)
     given = [o.partition("=")[2].strip() for o in overrides if o.partition("=")[0].strip() == "model.path"]
@@ -218,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "report":
             return _report(args)
         if args.command in ("eval", "sample"):
-            source = run_source(args.args)
+            source = run_source(args.args, needs_data=not (args.command == "sample" and args.prompt))
             if source.note:
                 print(f"grpo {args.command}: {source.note}", file=sys.stderr, flush=True)
             args.checkpoint = source.checkpoint

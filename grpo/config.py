@@ -142,6 +142,11 @@ class DataConfig:
     eval_split: str = opt("", "Held-out split of the same dataset (e.g. 'test').")
     eval_fraction: float = opt(0.0, "Else hold out this fraction of the training rows (by a stable hash of the "
                                     "prompt); 0 with no eval_path/eval_split means no evaluation.", ge=0, lt=1)
+    given: list[Literal["train_dataset", "eval_dataset"]] = opt(
+        [], "Set by grpo.train (Python): the data sets it was given as objects (a Dataset, a list of rows), which a "
+            "config cannot hold; a run's config.yaml so marked needs them given again to train from it (or "
+            "data.path / data.eval_path in their place), as grpo eval and grpo sample RUN_DIR do (data.path=FILE, and "
+            "data.eval_path=FILE for an eval_dataset).")
     truncate_prompts: Literal["off", "left"] = opt(
         "off", "A prompt longer than the model's context minus rollout.max_new_tokens is refused at load (off), or "
                "cut from the left until it fits (left: its first tokens go, the chat template stays).")
@@ -645,9 +650,11 @@ def config_path(name: str | Path) -> Path:
                       f"({', '.join(names)})")
 
 
-def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (), *,
+                validate: bool = True) -> Config:
     """YAML file (optional; a path, or a shipped config's name such as "tiny") + `dotted.key=value` overrides → a
-    Config, validated (`grpo.validate.validate_once`: the cross-field rules, and a warning for each known trap)."""
+    Config, validated (`grpo.validate.validate_once`: the cross-field rules, and a warning for each known trap);
+    `validate=False` leaves that to the caller (`grpo.train`, which knows the Python functions it is given)."""
     raw: dict = {}
     if path is not None:
         raw = read_yaml(config_path(path))
@@ -666,7 +673,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     cfg = from_dict(raw)
     if set(in_file) >= set(_field_names(AlgoConfig)):  # a resolved config (a run's config.yaml) names every key
         cfg.algo._given = _set_on_purpose(cfg.algo, in_file, given)
-    for check in LOAD_CHECKS:
+    for check in LOAD_CHECKS if validate else ():
         check(cfg)
     message = _preset_under_file_keys(path, in_file, cfg.algo.preset, given)
     if message:
@@ -791,7 +798,7 @@ def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> 
     those a resume must refuse (every option declared resume="refused"), and those it allows at the cost of exact
     rounding (resume="rounding"). A key the saved config lacks (written before the option existed) counts as its
     value in `defaults`; one the current config lacks (an option since removed) is ignored."""
-    a, b = {**flatten(defaults or {}), **flatten(saved)}, flatten(current)
+    a, b = {**_by_option(defaults or {}), **_by_option(saved)}, _by_option(current)
     refused, rounding = [], []
     for key in sorted(b):  # a key this version no longer has cannot change anything
         kind = RESUME.get(key, "refused")
@@ -799,6 +806,18 @@ def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> 
             continue
         (rounding if kind == "rounding" else refused).append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
     return refused, rounding
+
+
+def _by_option(d: dict) -> dict:
+    """A config by option ("section.key"), a dict-valued option (model.chat_template_kwargs) as one value: a key
+    removed from it is a change, not a key that no longer exists."""
+    out = {}
+    for section, values in d.items():
+        if isinstance(values, dict):
+            out.update({f"{section}.{key}": value for key, value in values.items()})
+        else:
+            out[section] = values
+    return out
 
 
 def may_change() -> str:

@@ -105,7 +105,10 @@ def model_card(cfg: Config, *, initial_eval: dict, final_eval: dict, history: li
     here = str(Path(cfg.train.output_dir) / ("model-merged" if merged else "model"))
     data = (f"the Hugging Face data set [{dataset}](https://huggingface.co/datasets/{dataset})" if dataset
             else f"the data set `{_name(cfg.data.path)}`" if cfg.data.path
+            else "a data set given to `grpo.train` in Python" if "train_dataset" in cfg.data.given
             else f"grpo's built-in task `{cfg.data.task}`")
+    if cfg.data.given and not dataset:
+        data += (" (not recorded: " + " and ".join(f"`{w}`" for w in cfg.data.given) + " given as objects)")
     if cfg.data.path and cfg.data.split:
         data += f" (split `{cfg.data.split}`)"
     weights = cfg.reward_weights or [1.0] * len(cfg.rewards)
@@ -168,7 +171,7 @@ def _figures(cfg: Config, before: dict, after: dict, steps: int) -> list[str]:
     keys = [k for k in {**before, **after} if k.startswith("eval/")]
     what = {"eval/accuracy": "accuracy (greedy)", "eval/mean_length": "mean completion length (tokens)",
             "eval/sample_accuracy": f"accuracy of the sampled completions (temperature {cfg.eval.temperature:g})"}
-    lines = [f"Scored by the reward `{cfg.eval.reward}` (1 = correct)"
+    lines = [f"Scored by the reward `{cfg.eval.reward}` (correct when at least {cfg.eval.threshold:g})"
              + (f" on {cfg.eval.size} held-out examples" if cfg.eval.size else " on the held-out examples") + ".",
              "", f"| | before (step 0) | after (step {steps}) |", "|---|---|---|"]
     for k in keys:

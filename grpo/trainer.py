@@ -34,7 +34,7 @@ from grpo.collect import Collector, collect, probe_rewards
 from grpo.config import Config, config_changes, may_change, to_yaml
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, process_group, wrap_for_training
-from grpo.envs import build_environment, prompt_formatter
+from grpo.envs import build_environment, environment_name, prompt_formatter, tool_names
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
 from grpo.learn import EntropyControl, Learner, learn
@@ -55,7 +55,7 @@ from grpo.sandbox import Limits
 from grpo.signals import GracefulStop
 from grpo.tasks import load_task
 from grpo.tracking import check_installed
-from grpo.validate import validate_once
+from grpo.validate import carry_validation, validate_once
 
 
 @dataclass
@@ -112,9 +112,12 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
             return train(cfg, rewards=rewards, dist=dist, model=model, processing_class=processing_class,
                          train_dataset=train_dataset, eval_dataset=eval_dataset, tools=tools, environment=environment)
     started = time.perf_counter()  # perf/elapsed_seconds counts from here: building the model and engine is run time
+    before = cfg
     cfg, given = _given(cfg, Given(model, processing_class, train_dataset, eval_dataset, tools, environment))
+    carry_validation(before, cfg)  # a trap `load_config` warned of is not warned of again
     names = tuple(reward_name(f) for f in rewards or ())
-    validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None, reward_names=names)
+    validate_once(cfg, dist.world_size, num_rewards=len(rewards) if rewards is not None else None, reward_names=names,
+                  given=given)
     if rewards is not None:  # the run's config says which functions it was trained with (eval.reward too)
         recorded = {reward_name(f): recorded_name(f) for f in reversed(rewards)}  # a name given twice: the first
         cfg = replace(cfg, rewards=[recorded_name(f) for f in rewards],
@@ -133,8 +136,11 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
 
 def _given(cfg: Config, given: Given) -> tuple[Config, Given]:
     """The objects given to `train`, sorted: a path (a str) given as the model or a data set goes into the config
-    (model.path, data.path, data.eval_path) and out of `given`; a model object's name_or_path becomes model.path,
-    so that the run's config.yaml says which model it started from."""
+    (model.path, data.path, data.eval_path) and out of `given`, as an environment's name goes into
+    rollout.environment; a model object's name_or_path becomes model.path, so that the run's config.yaml says which
+    model it started from; data sets given as objects are listed in data.given; tools (one alone: a list of one)
+    are recorded in tools.names and imply rollout.environment=tools in place of single_turn, as TRL's tools= does,
+    so that the config is validated as what runs. `cfg` itself is never changed (a new one is returned)."""
     if isinstance(given.model, (str, Path)):
         cfg, given = replace(cfg, model=replace(cfg.model, path=str(given.model))), replace(given, model=None)
     elif given.model is not None:
@@ -155,6 +161,28 @@ def _given(cfg: Config, given: Given) -> tuple[Config, Given]:
     if given.eval_dataset is not None and (cfg.data.eval_split or cfg.data.eval_fraction):
         raise ConfigError("eval_dataset is given, and so is data.eval_split or data.eval_fraction; give one source "
                           "of held-out examples")
+    objects = [what for what, data in (("train_dataset", given.train_dataset), ("eval_dataset", given.eval_dataset))
+               if data is not None]
+    lacking = [what for what in cfg.data.given if what not in objects
+               and not (cfg.data.path if what == "train_dataset" else cfg.data.eval_path)]
+    if lacking:
+        keys = " and ".join("data.path" if w == "train_dataset" else "data.eval_path" for w in lacking)
+        raise ConfigError(f"data.given: this config's run was given {' and '.join(lacking)} as an object to "
+                          f"grpo.train, which the config cannot hold; give it again (grpo.train({lacking[0]}=...)), "
+                          f"or set {keys}")
+    if objects != cfg.data.given:
+        cfg = replace(cfg, data=replace(cfg.data, given=objects))
+    if callable(given.tools) or isinstance(given.tools, str):
+        given = replace(given, tools=[given.tools])
+    elif given.tools is not None:
+        given = replace(given, tools=list(given.tools))
+    if isinstance(given.environment, str):
+        cfg = replace(cfg, rollout=replace(cfg.rollout, environment=given.environment))
+        given = replace(given, environment=None)
+    if given.tools is not None:
+        single = given.environment is None and cfg.rollout.environment == "single_turn"
+        cfg = replace(cfg, tools=replace(cfg.tools, names=tool_names(given.tools)),
+                      rollout=replace(cfg.rollout, environment="tools") if single else cfg.rollout)
     return cfg, given
 
 
@@ -204,6 +232,7 @@ def _claimed(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, out: Path,
     try:
         # a broken reward, model or data set fails here, the old run still whole
         run = _build(cfg, rewards, dist, given)
+        cfg = run.config  # with what only the build knows (the chat template of conversations, the environment)
         if dist.is_main:
             clear(out, replaced)
         writing = True
@@ -433,6 +462,7 @@ class _Run:
     reference_sync: ReferenceSync
     sampling_dist: Dist                      # the Dist of sampling's collectives (its own group when asynchronous)
     eval_rewards: list = field(default_factory=list)  # eval.rewards: (name, function), logged as eval/reward/<name>
+    config: Config | None = None             # the run's config as recorded in config.yaml (`_built`)
     lagged: dict = field(default_factory=dict)  # a resume's weights of the batches in flight, by version
 
     def moved_reference(self) -> dict | None:
@@ -459,6 +489,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     task = load_task(cfg.data, cfg.train.seed, train_dataset=given.train_dataset, eval_dataset=given.eval_dataset)
     # conversational prompts always go through the chat template, which writes the special tokens itself
     chat = any(e.conversation is not None for e in [*task.train[:1], *task.eval[:1]])
+    if chat:  # recorded, so that grpo eval/sample RUN_DIR render and tokenize the prompts as training did
+        cfg = replace(cfg, model=replace(cfg.model, chat_template=True))
     if chat and cfg.rollout.environment == "tools" and given.environment is None:
         raise ConfigError("the prompts are conversations (lists of messages); rollout.environment=tools takes text "
                           "prompts (its system prompt is model.system_prompt): give the prompt column as text")
@@ -479,6 +511,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     all_finished = lambda done: not sampling_dist.any(not done)  # noqa: E731 - every process is done
     environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished, tools=given.tools,
                                     environment=given.environment)
+    if given.environment is not None:  # the run's config.yaml names the environment that ran
+        cfg = replace(cfg, rollout=replace(cfg.rollout, environment=environment_name(given.environment, environment)))
     build = functools.partial(build_rewards, tokenizer=tokenizer, max_new_tokens=cfg.rollout.max_new_tokens,
                               overlong_buffer=cfg.overlong_buffer, sandbox_limits=Limits.from_config(cfg.sandbox),
                               reward_model=cfg.reward_model, device=str(next(policy.parameters()).device),
@@ -505,7 +539,7 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     reference_sync = ReferenceSync(policy, reference_copy, optimizer, every=a.ref_sync_every,
                                    alpha=a.ref_sync_alpha, lora=is_lora(policy))
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
-    generator = build_generator(policy, tokenizer, replace(cfg, model=replace(m, chat_template=True)) if chat else cfg,
+    generator = build_generator(policy, tokenizer, cfg,
                                 all_finished=all_finished, world_size=dist.world_size,
                                 run_dir=Path(cfg.train.output_dir), group=sampling_dist.group)
     sampler = Sampler(environment, generator, rollout_sampling(cfg.rollout, cfg.rollout.group_size), cfg.train.seed)
@@ -530,7 +564,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     if eval_set and (missing := missing_fields(correct_fn, given_fields)):  # now, not at the step-0 evaluation
         raise needs_fields_error(reward_name(correct_fn), missing, given_fields, field="eval.reward")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
-                correct_fn, _given_header(cfg, given) + to_yaml(cfg), reference_sync, sampling_dist, eval_rewards)
+                correct_fn, _given_header(cfg, given) + to_yaml(cfg), reference_sync, sampling_dist, eval_rewards,
+                config=cfg)
 
 
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:

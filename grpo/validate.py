@@ -27,22 +27,36 @@ from grpo.envs.tool_calls import TOOL_PARSERS, TOOLS, load_tools
 
 
 def validate_once(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None,
-                  reward_names: tuple[str, ...] = ()) -> None:
+                  reward_names: tuple[str, ...] = (), given=None) -> None:
     """`validate`, and a warning for each of the `traps`, unless this config was validated already as it is now
     and for as many processes (`load_config` validates; `train` then only checks Python reward functions,
     `num_rewards`, against reward_weights). A config changed since, or built in Python, is validated.
-    `reward_names`: the names of the Python reward functions given, which eval.reward and eval.rewards may name."""
+    `reward_names`: the names of the Python reward functions given, which eval.reward and eval.rewards may name.
+    `given`: see `validate`. A trap already warned of for the config this one was made from (`carry_validation`)
+    is not warned of again."""
     world, content = _world(world_size), cfg.to_dict()
-    done = getattr(cfg, "_validated", None)  # (world size, the config as it was validated)
-    if done == (world, content):
+    done = getattr(cfg, "_validated", None)  # (world size, the config as it was validated, the traps warned of)
+    if done is not None and done[:2] == (world, content):
         if num_rewards is not None:
             _check_reward_weights(cfg, num_rewards)
         return
-    validate(cfg, world, num_rewards=num_rewards, reward_names=reward_names)
+    validate(cfg, world, num_rewards=num_rewards, reward_names=reward_names, given=given)
+    warned = done[2] if done is not None else frozenset()
     if done is None or done[1] != content:  # the same config on another number of processes has the same traps
-        for message in traps(cfg):
-            warnings.warn(message, stacklevel=2)
-    cfg._validated = (world, content)
+        messages = traps(cfg)
+        for message in messages:
+            if message not in warned:
+                warnings.warn(message, stacklevel=2)
+        warned = warned | frozenset(messages)
+    cfg._validated = (world, content, warned)
+
+
+def carry_validation(old: Config, new: Config) -> Config:
+    """`new` (a copy of `old` with some fields replaced) remembers the traps `old` was warned of, so that
+    validating it warns only of new ones."""
+    if new is not old and getattr(old, "_validated", None) is not None:
+        new._validated = old._validated
+    return new
 
 
 def registry_names() -> dict[str, list[str]]:
@@ -129,11 +143,13 @@ def _check_judge(j, world: int) -> None:
 
 
 def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | None = None,
-             reward_names: tuple[str, ...] = ()) -> None:
+             reward_names: tuple[str, ...] = (), given=None) -> None:
     """Every rule that involves more than one field, each with one clear error. `world_size`: the number of
     processes (None: torchrun's WORLD_SIZE, or 1). `num_rewards`: how many Python reward functions replace
     `cfg.rewards` (`train(cfg, rewards=[...])`); `reward_weights` must then have that many values. `reward_names`:
-    their names, which eval.reward and eval.rewards may name."""
+    their names, which eval.reward and eval.rewards may name. `given`: what `grpo.train` was given as objects
+    (`grpo.trainer.Given`): its `tools` are checked in place of tools.names (which records their names), and a
+    model object's name_or_path (model.path) needn't exist."""
     world = _world(world_size)
     for key, value in (("model.path", cfg.model.path), ("data.path", cfg.data.path),
                        ("data.eval_path", cfg.data.eval_path)):
@@ -141,7 +157,10 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
             what = "model" if key == "model.path" else "train_dataset" if key == "data.path" else "eval_dataset"
             raise ConfigError(f"{key} must be a path or a name (a str), got a {type(value).__name__} object; pass a "
                               f"loaded model or a data set object as grpo.train({what}=...)")
-    _check_model_path(cfg.model.path)
+    if getattr(given, "model", None) is None:
+        _check_model_path(cfg.model.path)
+    tools = getattr(given, "tools", None)
+    tools = cfg.tools.names if tools is None else tools
     for field, names in (("rewards", cfg.rewards), ("eval.rewards", cfg.eval.rewards)):
         for name in names:
             if isinstance(name, str) and name.startswith("rm:"):
@@ -178,7 +197,7 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     resolve_backend(cfg.rollout.backend)  # a built-in name, or a 'module:Name' that imports and is a backend
     environment = resolve_environment(cfg.rollout.environment)  # the same for environments
     if not isinstance(environment, str) and accepts(environment, "tools"):
-        load_tools(cfg.tools.names)  # a user's environment that takes tools gets tools.names's
+        load_tools(tools)  # a user's environment that takes tools gets tools.names's
     if cfg.rollout.environment == "tools":
         if cfg.rollout.stop:
             raise ConfigError("rollout.stop ends a model turn at a stop string, and rollout.environment=tools needs "
@@ -186,9 +205,9 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
         if not cfg.model.chat_template:
             raise ConfigError("rollout.environment=tools renders episodes with the chat template: set "
                               "model.chat_template=true")
-        if not cfg.tools.names:
+        if not tools:
             raise ConfigError("tools.names is empty; name at least one tool for rollout.environment=tools")
-        load_tools(cfg.tools.names)  # each name imports (a parser registered in a tool's module is then known)
+        load_tools(tools)  # each name imports (a parser registered in a tool's module is then known)
         if cfg.tools.parser not in TOOL_PARSERS:
             raise ConfigError(f"tools.parser={cfg.tools.parser!r} is not a tool-call parser; choose one of "
                               f"{', '.join(map(repr, TOOL_PARSERS))}")

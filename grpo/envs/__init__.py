@@ -9,7 +9,6 @@ keyword arguments its signature names among `model`, `tokenizer`, `cfg` (the who
 `tools.names`'s), all of them if it takes `**kwargs` (`grpo.imports.call_builder`)."""
 from __future__ import annotations
 
-import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 
@@ -94,10 +93,8 @@ def build_environment(model, tokenizer, cfg, *, all_finished: Callable[[bool], b
     the default `single_turn` the environment is `tools`. A user's environment gets them as its `tools` argument
     (one that takes none is refused, so tools are never dropped silently).
 
-    What the Python API gave is recorded in `cfg` (its `rollout` and `tools` sections are replaced), so that the
-    run's config.yaml names what ran: `rollout.environment` becomes 'tools', or the user's class or factory as
-    'module:Name' (for an object or a lambda, the environment's class), `tools.names` the tools' names
-    ('module:function' for a function)."""
+    `cfg` is not changed: `grpo.train` records what it was given in the run's config (`tool_names`,
+    `environment_name`)."""
     field = "rollout.environment" if environment is None else "environment"
     tools = None if tools is None else list(tools)
     spec = resolve_environment(cfg.rollout.environment if environment is None else environment, field=field)
@@ -110,10 +107,8 @@ def build_environment(model, tokenizer, cfg, *, all_finished: Callable[[bool], b
         if tools is not None and spec != "tools":
             raise ConfigError(f"tools are given, and rollout.environment={spec!r} takes none: use "
                               "rollout.environment=tools or an environment of your own that takes tools")
-        env = _tools(model, tokenizer, cfg, all_finished, tools) if tools is not None else \
+        return _tools(model, tokenizer, cfg, all_finished, tools) if tools is not None else \
             ENVIRONMENTS[spec](model, tokenizer, cfg, all_finished)
-        _record(cfg, spec, tools)
-        return env
     if _is_environment(spec):
         if tools is not None:
             raise ConfigError("tools are given with an environment object, which cannot take them: give its class "
@@ -131,26 +126,25 @@ def build_environment(model, tokenizer, cfg, *, all_finished: Callable[[bool], b
         if not _is_environment(env):
             raise ConfigError(f"{field}: {_label(spec)} returned a {type(env).__name__}, which has no "
                               "rollout(generator, examples, sampling, seeds) method")
-    if environment is not None:  # the class or factory, else (an object, a lambda) the environment's class
-        made = None if _is_environment(spec) else qualified_name(spec)
-        _record(cfg, made or qualified_name(type(env)) or type(env).__name__, tools)
-    elif tools is not None:
-        _record(cfg, None, tools)
     return env
 
 
-def _record(cfg, environment: str | None, tools: list | None) -> None:
-    """`cfg` names the environment and tools the Python API gave (see `build_environment`)."""
-    if environment and environment != cfg.rollout.environment:
-        cfg.rollout = dataclasses.replace(cfg.rollout, environment=environment)
-    if tools is not None:
-        names = [t if isinstance(t, str) else (qualified_name(t) or getattr(t, "__name__", repr(t))) for t in tools]
-        cfg.tools = dataclasses.replace(cfg.tools, names=names)
+def tool_names(tools: Sequence) -> list[str]:
+    """How a run's config records the tools the Python API gave (`tools.names`): a name as given, a function as
+    'module:function' (its bare name when it is a local definition or a lambda)."""
+    return [t if isinstance(t, str) else (qualified_name(t) or getattr(t, "__name__", repr(t))) for t in tools]
+
+
+def environment_name(spec, env) -> str:
+    """How a run's config records the environment the Python API gave (`rollout.environment`): its class or
+    factory as 'module:Name', else (an object, a lambda, a local definition) the built environment's class."""
+    made = None if _is_environment(spec) else qualified_name(spec)
+    return made or qualified_name(type(env)) or type(env).__name__
 
 
 def _label(spec) -> str:
     return repr(spec) if isinstance(spec, str) else (qualified_name(spec) or type(spec).__name__)
 
 
-__all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "prompt_formatter",
-           "resolve_environment"]
+__all__ = ["ENVIRONMENTS", "Environment", "SingleTurn", "build_environment", "environment_name", "prompt_formatter",
+           "resolve_environment", "tool_names"]

@@ -90,6 +90,7 @@ def test_the_example_environment_from_the_python_api(guess_env, tmp_path):
     module, calls = guess_env
     cfg = load_config(None, [*overrides(tmp_path, "api"), "train.steps=1", "eval.pass_k=0", "eval.size=2"])
     train(cfg, environment=module.GuessNumber)
+    assert cfg.rollout.environment == "single_turn"  # the caller's config is not changed
     assert calls and all(isinstance(r.episodes, list) for _, _, r, _ in calls)
     saved = yaml.safe_load((tmp_path / "api" / "config.yaml").read_text())
     assert saved["rollout"]["environment"] == "guess_env:GuessNumber"

@@ -2,6 +2,7 @@
 data sets in memory), TRL's data conventions (conversational prompts, every column under its own name), and two
 short runs on the bundled tiny model: TRL's quickstart, ported, and a conversational run from a model object."""
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -72,11 +73,62 @@ def test_paths_given_as_objects_go_into_the_config():
     assert given == Given()
     rows = [{"prompt": "q"}]
     cfg, given = _given(Config(), Given(train_dataset=rows))
-    assert cfg == Config() and given.train_dataset is rows
+    assert cfg.data.given == ["train_dataset"] and given.train_dataset is rows  # marked in the run's config
+    assert replace(cfg, data=replace(cfg.data, given=[])) == Config()
+    # a config so marked (a run's config.yaml) needs the data given again, or files in its place
+    with pytest.raises(ConfigError, match=r"data.given: this config's run was given train_dataset as an object to "
+                                          r"grpo.train.*give it again \(grpo.train\(train_dataset=...\)\), or set "
+                                          r"data.path"):
+        _given(cfg, Given())
+    assert _given(replace(cfg, data=replace(cfg.data, path="t.jsonl")), Given())[0].data.given == []
     with pytest.raises(ConfigError, match="eval_dataset is given without training data"):
         _given(Config(), Given(eval_dataset=rows))
     with pytest.raises(ConfigError, match="eval_dataset is given, and so is data.eval_split or data.eval_fraction"):
         _given(as_config({"data.eval_fraction": 0.1}), Given(train_dataset=rows, eval_dataset=rows))
+
+
+def test_a_yaml_config_may_name_a_python_reward_in_eval_reward(tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("eval:\n  reward: accuracy_reward\nrollout:\n  min_new_tokens: 64\n  max_new_tokens: 8\n")
+
+    def accuracy_reward(completions, **kwargs):
+        return [0.0] * len(completions)
+    assert as_config(job).eval.reward == "accuracy_reward"  # validated by train, which knows the function
+    for run in (lambda: grpo.train(str(job), rewards=[accuracy_reward]),
+                lambda: grpo.GRPOTrainer("tiny", accuracy_reward, args=str(job)).train()):
+        with pytest.raises(ConfigError, match="rollout.min_new_tokens=64 is more than"):  # past eval.reward
+            run()
+
+
+def test_old_keyword_single_tool_and_a_model_object_whose_directory_is_gone():
+    with pytest.raises(ConfigError, match="model.path './my-models/gone' does not exist"):
+        grpo.train(cfg={"model.path": "./my-models/gone"})  # train(cfg=...) as before it took objects
+    with pytest.raises(ConfigError, match="give config .*not both"):
+        grpo.train("tiny", cfg="tiny")
+    from grpo.trainer import Given
+    from grpo.validate import validate
+
+    cfg = as_config({"model.path": "./my-models/gone"})  # a loaded model's name_or_path: a directory since removed
+    validate(cfg, given=Given(model=object()))
+    with pytest.raises(ConfigError, match="does not exist"):
+        validate(cfg)
+
+
+def test_a_trap_is_warned_of_once_when_train_copies_the_config(recwarn):
+    import warnings
+
+    from grpo.trainer import Given, _given
+    from grpo.validate import carry_validation, validate_once
+
+    with pytest.warns(UserWarning, match="rollout.repetition_penalty"):
+        cfg = grpo.load_config("tiny", ["rollout.repetition_penalty=1.1"])
+    new, _ = _given(cfg, Given(train_dataset=[{"prompt": "q"}]))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        validate_once(carry_validation(cfg, new))
+    assert [str(w.message) for w in caught] == []
+    with pytest.warns(UserWarning, match="rollout.repetition_penalty"):
+        validate_once(_given(cfg, Given(train_dataset=[{"prompt": "q"}]))[0])  # not carried: warned again
 
 
 def test_a_peft_config_sets_the_lora_section():
@@ -240,6 +292,10 @@ def test_a_model_object_with_conversational_data(tmp_path):
     assert "# train_dataset: a list of 12 rows" in text
     saved = yaml.safe_load(text)
     assert saved["model"]["path"] == str(TINY_MODEL_DIR)
+    assert saved["model"]["chat_template"] is True  # conversations: grpo eval/sample RUN_DIR render them as trained
+    assert saved["data"]["given"] == ["train_dataset", "eval_dataset"] and saved["data"]["path"] == ""
+    card = (tmp_path / "run" / "model" / "README.md").read_text()
+    assert "a data set given to `grpo.train` in Python" in card and "built-in task" not in card
     assert saved["eval"]["reward"].endswith("test_a_model_object_with_conversational_data.<locals>.solved")
     assert json.loads((tmp_path / "run" / "model" / "tokenizer_config.json").read_text())  # the tokenizer saved
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()

@@ -10,7 +10,7 @@ import torch
 import transformers
 
 from grpo.config import Config, load_config
-from grpo.envs import SingleTurn, build_environment, resolve_environment
+from grpo.envs import SingleTurn, build_environment, environment_name, resolve_environment, tool_names
 from grpo.envs.tools import ToolEnvironment
 from grpo.errors import ConfigError
 from grpo.evaluation import evaluate
@@ -207,15 +207,16 @@ def test_the_import_helper_is_the_rewards_one():
 def test_environment_object_class_or_factory(tiny):
     cfg = Config()
     assert build_environment(tiny, CHAR, cfg, environment=ECHO) is ECHO
-    assert cfg.rollout.environment == f"{HERE}:Echo"  # the config records what ran
+    assert cfg == Config()  # the caller's config is never changed: grpo.train records what ran in the run's
+    assert environment_name(ECHO, ECHO) == f"{HERE}:Echo"
     env = build_environment(tiny, CHAR, Config(), environment=Echo)
     assert isinstance(env, Echo) and env is not ECHO
-    cfg = Config()
-    assert isinstance(build_environment(tiny, CHAR, cfg, environment=make_echo), Echo)
-    assert cfg.rollout.environment == f"{HERE}:make_echo"
-    cfg = Config()
-    build_environment(tiny, CHAR, cfg, environment=lambda tokenizer: Echo(tokenizer))
-    assert cfg.rollout.environment == f"{HERE}:Echo"  # a lambda has no name: what it made
+    env = build_environment(tiny, CHAR, cfg, environment=make_echo)
+    assert isinstance(env, Echo) and environment_name(make_echo, env) == f"{HERE}:make_echo"
+    make = lambda tokenizer: Echo(tokenizer)  # noqa: E731
+    env = build_environment(tiny, CHAR, cfg, environment=make)
+    assert environment_name(make, env) == f"{HERE}:Echo"  # a lambda has no name: what it made
+    assert cfg == Config()
     with pytest.raises(ConfigError, match="environment: .*NoRollout is a class without a rollout method"):
         build_environment(tiny, CHAR, Config(), environment=NoRollout)
     with pytest.raises(ConfigError, match="environment='nope' is not an environment"):
@@ -230,10 +231,12 @@ def test_tools_make_a_tool_calling_run():
     env = build_environment(m, TOOL_TOK, cfg, tools=[lookup, "calculator"])
     assert isinstance(env, ToolEnvironment) and list(env.tools) == ["lookup", "calculator"]
     assert env.tools["lookup"]({"key": "ab"}).content == "AB"
-    assert cfg.rollout.environment == "tools" and cfg.tools.names == [f"{HERE}:lookup", "calculator"]
-    # what the config recorded loads back and builds the same tools
+    assert cfg.rollout.environment == "single_turn"  # not changed: grpo.train records them (`_given`)
+    names = tool_names([lookup, "calculator"])
+    assert names == [f"{HERE}:lookup", "calculator"]
+    # what the config records loads back and builds the same tools
     again = build_environment(m, TOOL_TOK, load_config(None, [f"{k}={v}" for k, v in {
-        "model.chat_template": "true", "rollout.environment": "tools", "tools.names": cfg.tools.names}.items()]))
+        "model.chat_template": "true", "rollout.environment": "tools", "tools.names": names}.items()]))
     assert list(again.tools) == ["lookup", "calculator"]
     with pytest.raises(ConfigError, match="tools are given: tool calling renders episodes with the chat template"):
         build_environment(m, TOOL_TOK, Config(), tools=[lookup])
@@ -411,3 +414,33 @@ def test_tools_names_are_checked_for_an_environment_that_takes_them():
     with pytest.raises(ConfigError, match="tools.names: unknown tool 'nope'"):
         load_config(None, [f"rollout.environment={HERE}:ToolUser", "tools.names=[nope]"])
     load_config(None, [f"rollout.environment={HERE}:Echo", "tools.names=[nope]"])  # unused: not checked
+
+
+# ---------------------------------------------------------------------------------------------------------
+# grpo.train(tools=, environment=): the config records them before it is validated, and the caller's is unchanged
+
+def test_tools_given_to_train_are_validated_as_the_tools_environment(tmp_path):
+    import grpo
+    from grpo.trainer import Given, _given
+
+    cfg = load_config(None, ["model.chat_template=true"])
+    new, given = _given(cfg, Given(tools=lookup))  # one tool alone: a list of one
+    assert given.tools == [lookup] and new.tools.names == [f"{HERE}:lookup"]
+    assert new.rollout.environment == "tools"
+    assert cfg.rollout.environment == "single_turn" and cfg.tools.names == ["calculator"]  # the caller's: unchanged
+    new, given = _given(cfg, Given(environment="tools"))  # a name is rollout.environment
+    assert new.rollout.environment == "tools" and given.environment is None
+    rows = [{"prompt": "Look up ab"}]
+    stops = load_config(None, ["model.chat_template=true", "rollout.stop=['\n\n']"])
+    for kw in ({"tools": [lookup]}, {"tools": lookup}, {"environment": "tools"}):
+        with pytest.raises(ConfigError, match="rollout.stop ends a model turn at a stop string, and "
+                                              "rollout.environment=tools"):
+            grpo.train(stops, train_dataset=rows, **kw)
+    assert stops.rollout.environment == "single_turn"
+    with pytest.raises(ConfigError, match="the overlong reward counts one completion's tokens"):
+        grpo.train(load_config(None, ["model.chat_template=true"]), rewards=["overlong"], tools=[lookup],
+                   train_dataset=rows)
+    chat = [{"prompt": [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "ab?"}]}]
+    with pytest.raises(ConfigError, match="the prompts are conversations .*rollout.environment=tools takes text"):
+        grpo.train(load_config(None, ["model.chat_template=true", f"train.output_dir={tmp_path / 'run'}"]),
+                   tools=[lookup], train_dataset=chat)

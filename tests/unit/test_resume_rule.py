@@ -85,3 +85,11 @@ def test_a_key_the_checkpoint_lacks_counts_as_its_default():
 def test_a_key_this_version_no_longer_has_is_ignored():
     saved = {**DEFAULTS, "train": {**DEFAULTS["train"], "retired_option": 3}}
     assert config_changes(saved, DEFAULTS, DEFAULTS) == ([], [])
+
+
+def test_a_key_removed_from_a_dict_option_is_a_change():
+    saved = load_config(None, ["model.chat_template_kwargs={enable_thinking: false}"]).to_dict()
+    refused, _ = config_changes(saved, DEFAULTS, DEFAULTS)
+    assert refused == ["model.chat_template_kwargs: {'enable_thinking': False} -> {}"]
+    assert config_changes(DEFAULTS, saved, DEFAULTS)[0] == [
+        "model.chat_template_kwargs: {} -> {'enable_thinking': False}"]

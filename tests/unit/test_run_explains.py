@@ -193,3 +193,38 @@ def test_the_summary_lists_samples_jsonl_only_when_it_has_samples(tmp_path):
     assert summary_lines([], tmp_path)[-1].startswith(f"outputs in {tmp_path}: metrics.jsonl; ")
     (tmp_path / "samples.jsonl").write_text('{"step": 1}\n')
     assert summary_lines([], tmp_path)[-1].startswith(f"outputs in {tmp_path}: metrics.jsonl, samples.jsonl; ")
+
+
+def test_a_run_given_data_or_script_objects_names_the_overrides_to_give(tmp_path):
+    from grpo.cli import run_source
+    from grpo.errors import GRPOError
+
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "model.safetensors").write_bytes(b"")
+    (run / "config.yaml").write_text("# train_dataset: a list of 6 rows given to grpo.train(train_dataset=...)\n"
+                                     "data:\n  path: ''\n  given: [train_dataset, eval_dataset]\n")
+    with pytest.raises(GRPOError, match=r"trained on data given to grpo.train as objects \(train_dataset, "
+                                        r"eval_dataset\).*give them as files, data.path=FILE data.eval_path=FILE"):
+        run_source([str(run)])
+    with pytest.raises(GRPOError, match="data.eval_path=FILE"):
+        run_source([str(run), "data.path=t.jsonl"])
+    s = run_source([str(run), "data.path=t.jsonl", "data.eval_path=e.jsonl"])
+    assert s.overrides[-2:] == ["data.path=t.jsonl", "data.eval_path=e.jsonl"]
+    assert run_source([str(run)], needs_data=False).config == run / "config.yaml"  # grpo sample --prompt
+    (run / "config.yaml").write_text("model:\n  chat_template: true\nrollout:\n  environment: tools\n"
+                                     "tools:\n  names: [__main__:add, calculator]\n"
+                                     "eval:\n  reward: tests.x:test_y.<locals>.solved\n")
+    with pytest.raises(GRPOError, match=r"names what its training script defined, which cannot be imported here "
+                                        r"\(tools.names: __main__:add; eval.reward: tests.x:test_y.<locals>.solved\): "
+                                        r"give them from an importable module, tools.names=\[my_module:add\] "
+                                        r"eval.reward=my_module:accuracy_reward"):
+        run_source([str(run)])
+    s = run_source([str(run), "tools.names=[calculator]", "eval.reward=last_number"])
+    assert load_config(s.config, s.overrides).tools.names == ["calculator"]
+
+
+def test_the_model_card_names_the_threshold_and_data_given_as_objects():
+    _, text = _card(load_config(None, ["eval.threshold=0.5", "data.given=[train_dataset]"]))
+    assert "Scored by the reward `last_number` (correct when at least 0.5)" in text
+    assert "a data set given to `grpo.train` in Python (not recorded: `train_dataset` given as objects)" in text
