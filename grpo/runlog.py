@@ -46,7 +46,10 @@ class RunLogger:
         logged_until, samples = 0, []
         if resume_step is not None:
             self.history, logged_until = _truncate(out_dir / "metrics.jsonl", resume_step)
-            samples, _ = _truncate(out_dir / "samples.jsonl", resume_step)
+            # and only the steps this run writes samples at: a run resumed to more steps than it had drops the
+            # samples of its old last step, as the uninterrupted run never wrote them
+            samples, _ = _truncate(out_dir / "samples.jsonl", resume_step,
+                                   lambda step: samples_due(step, cfg.samples_every, total_steps))
         self._elapsed_before = elapsed(self.history)[-1] if self.history else 0.0
         mode = "a" if resume_step is not None else "w"
         self._metrics = open(out_dir / "metrics.jsonl", mode)
@@ -200,9 +203,9 @@ def _replay(tracker, history: list[dict], samples: list[dict]) -> None:
         tracker.log(row["step"], row)
 
 
-def _truncate(path: Path, last_step: int) -> tuple[list[dict], int]:
-    """Keep the rows of a JSONL file up to `last_step` (a torn last line is dropped too); also return the
-    largest step the file had."""
+def _truncate(path: Path, last_step: int, due=None) -> tuple[list[dict], int]:
+    """Keep the rows of a JSONL file up to `last_step` (a torn last line is dropped too), and with `due` only
+    those of the steps it says yes to; also return the largest step the file had."""
     rows, keep, largest = [], [], 0
     if path.exists():
         for line in path.read_text().splitlines():
@@ -211,7 +214,7 @@ def _truncate(path: Path, last_step: int) -> tuple[list[dict], int]:
             except ValueError:
                 continue
             largest = max(largest, row.get("step", 0))
-            if row.get("step", 0) <= last_step:
+            if row.get("step", 0) <= last_step and (due is None or due(row.get("step", 0))):
                 rows.append(row)
                 keep.append(line)
     path.write_text("".join(line + "\n" for line in keep))

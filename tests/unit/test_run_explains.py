@@ -41,6 +41,23 @@ def test_samples_are_written_at_the_first_and_last_step_and_every_samples_every(
     assert [s for s in range(1, 8) if samples_due(s, 0, 7)] == []
 
 
+def test_a_run_resumed_to_more_steps_keeps_only_the_samples_the_uninterrupted_run_writes(tmp_path):
+    """A run of 2 steps wrote samples at its last step; resumed to 4 steps, samples.jsonl holds what the 4-step run
+    writes (steps 1 and 4 with samples_every 10), so the resumed run's file equals the uninterrupted one's."""
+    import json
+
+    from grpo.config import LogConfig
+    from grpo.runlog import RunLogger
+
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps({"step": s, "completion": str(s)}) + "\n"
+                                                    for s in (1, 2)))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2)))
+    log = RunLogger(tmp_path, LogConfig(samples_every=10, trackers=[], progress=False), 4, resume_step=2)
+    log.close()
+    assert [json.loads(x)["step"] for x in (tmp_path / "samples.jsonl").read_text().splitlines()] == [1]
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
+
 def test_printed_samples_take_one_completion_of_each_prompt_first():
     from grpo.runlog import format_samples
 
