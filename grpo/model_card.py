@@ -139,8 +139,8 @@ def model_card(cfg: Config, *, initial_eval: dict, final_eval: dict, history: li
     rewarded = [r for r in history if r.get("reward/mean") is not None and r.get("step", 0) > 0]
     if rewarded:
         a, b = rewarded[0], rewarded[-1]
-        lines += ["", f"Mean training reward: {a['reward/mean']:.3f} at step {a['step']}, {b['reward/mean']:.3f} at "
-                      f"step {b['step']}."]
+        last = f", {b['reward/mean']:.3f} at step {b['step']}" if b is not a else ""  # one rewarded step: said once
+        lines += ["", f"Mean training reward: {a['reward/mean']:.3f} at step {a['step']}{last}."]
     lines += [
         "", "## Use", "",
         "```python",

@@ -103,6 +103,10 @@ def test_the_model_card_has_hub_metadata_figures_config_and_citation():
     assert "| accuracy (greedy) | 0.250 | 0.750 |" in text
     assert "| pass@8 (8 samples, temperature 1) | 0.500 | 0.875 |" in text
     assert "Mean training reward: 0.125 at step 1, 0.500 at step 20." in text
+    from grpo.model_card import model_card
+
+    once = model_card(cfg, initial_eval={}, final_eval={}, history=[{"step": 2, "reward/mean": 0.25}], steps=2)
+    assert "Mean training reward: 0.250 at step 2." in once  # one rewarded step (the others had no update): once
     assert "1 × `math` + 0.5 × `format`" in text and f"grpo {grpo.__version__}" in text
     assert "arXiv:2402.03300" in text and "@article{shao2024deepseekmath" in text
     config = text.split("```yaml\n", 1)[1].split("\n```", 1)[0]
