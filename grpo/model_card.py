@@ -35,7 +35,11 @@ def hub_base_model(path: str) -> tuple[str | None, str | None]:
         return KNOWN_MODELS[path]
     if path in BUNDLED:
         return None, None
+    from grpo.packaged import packaged_name
+
     local = Path(path).expanduser()
+    if local.is_dir() and packaged_name(local) in KNOWN_MODELS:  # a packaged model loaded from its cache
+        return KNOWN_MODELS[packaged_name(local)]
     if local.is_dir():
         meta = front_matter((local / "README.md").read_text()) if (local / "README.md").is_file() else {}
         return None, meta.get("license")

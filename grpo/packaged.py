@@ -70,6 +70,13 @@ def package_dir(spec: PackagedModel) -> Path:
     return cache_root().parent / "packages" / f"{spec.distribution}-{spec.version}"
 
 
+def packaged_name(path: str | Path) -> str | None:
+    """The packaged model whose converted directory `path` is (a model object's name_or_path), or None."""
+    where = Path(path).expanduser().resolve()
+    return next((name for name, spec in PACKAGED.items()
+                 if where == (cache_root() / f"{name}-{spec.version}").resolve()), None)
+
+
 def packaged_model_dir(name: str) -> Path:
     """The converted directory of packaged model `name`, converting it first if the cache has none."""
     spec = PACKAGED[name]

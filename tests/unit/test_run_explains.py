@@ -113,6 +113,21 @@ def test_the_model_card_has_hub_metadata_figures_config_and_citation():
     assert yaml.safe_load(config) == cfg.to_dict()  # the whole resolved config, as config.yaml has it
 
 
+def test_a_packaged_models_cache_directory_is_known_by_its_hub_id(tmp_path, monkeypatch):
+    """A model object of SmolLM2 loaded from grpo's cache has that directory as its name_or_path: the card still
+    names the Hub model it was converted from."""
+    from grpo.model_card import hub_base_model
+    from grpo.packaged import PACKAGED
+
+    monkeypatch.setenv("GRPO_CACHE", str(tmp_path))
+    from grpo.packaged import cache_root
+
+    converted = cache_root() / f"smollm2-135m-instruct-{PACKAGED['smollm2-135m-instruct'].version}"
+    converted.mkdir(parents=True)
+    assert hub_base_model(str(converted)) == ("HuggingFaceTB/SmolLM2-135M-Instruct", "apache-2.0")
+    assert hub_base_model(str(tmp_path)) == (None, None)
+
+
 def test_the_model_card_of_a_local_model_and_data_file_and_of_a_lora_adapter(tmp_path):
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "README.md").write_text("---\nlicense: mit\n---\n# base\n")
