@@ -248,17 +248,23 @@ def load_lagged(ckpt: Path, versions: list[int]) -> dict[int, dict[str, torch.Te
     return {v: load_file(str(ckpt / lagged_name(v))) for v in versions}
 
 
-def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, reference: dict | None = None) -> dict:
-    """Restore model, optimizer, LR schedule and RNG states in place; return the trainer state. `reference`: the
-    reference's tensors by name, filled from the checkpoint's reference.safetensors (which must then exist)."""
+def load_model_weights(ckpt: Path, model, *, which: str = "this model") -> None:
+    """The checkpoint's model weights into `model` in place (its LoRA wrapping too, tied weights left out); a
+    ConfigError when they do not fit it (`which` names the model in it)."""
     weights = load_file(str(ckpt / "model.safetensors"))
     expected = set(get_model_state_dict(model).keys())
     missing = sorted(expected - set(weights) - tied_names(model))
     unexpected = sorted(set(weights) - expected)
     if missing or unexpected:
-        raise ConfigError(f"checkpoint {ckpt} does not fit this model (missing {missing[:3]}, "
+        raise ConfigError(f"checkpoint {ckpt} does not fit {which} (missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]})")
     set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+
+
+def load_checkpoint(ckpt: Path, *, model, optimizer, scheduler, reference: dict | None = None) -> dict:
+    """Restore model, optimizer, LR schedule and RNG states in place; return the trainer state. `reference`: the
+    reference's tensors by name, filled from the checkpoint's reference.safetensors (which must then exist)."""
+    load_model_weights(ckpt, model)
     set_optimizer_state_dict(model, optimizer, torch.load(ckpt / "optimizer.pt", weights_only=True),
                              options=StateDictOptions(full_state_dict=True))
     if reference is not None:

@@ -378,21 +378,11 @@ def _load(cfg, checkpoint: Path | None = None):
 
 def _load_weights(model, ckpt: Path) -> None:
     """A checkpoint's model weights (grpo/checkpoint.py) into the model the run trained (its LoRA wrapping too)."""
-    from safetensors.torch import load_file
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
-
-    from grpo.checkpoint import verify
-    from grpo.policy.weights import tied_names
+    from grpo.checkpoint import load_model_weights, verify
 
     if problem := verify(ckpt):
         raise GRPOError(f"checkpoint {ckpt} cannot be loaded: {problem}")
-    weights = load_file(str(ckpt / "model.safetensors"))
-    expected = set(get_model_state_dict(model))
-    missing, unexpected = sorted(expected - set(weights) - tied_names(model)), sorted(set(weights) - expected)
-    if missing or unexpected:
-        raise GRPOError(f"checkpoint {ckpt} does not fit the model of its config.yaml (missing {missing[:3]}, "
-                        f"unexpected {unexpected[:3]})")
-    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
+    load_model_weights(ckpt, model, which="the model of its config.yaml")
 
 
 def _eval(cfg, args) -> int:
