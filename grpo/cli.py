@@ -21,6 +21,7 @@ from pathlib import Path
 
 from grpo.config import describe_options, load_config, options
 from grpo.errors import NO_ROOM, GRPOError, write_failure
+from grpo.models import has_weights, model_device
 from grpo.validate import registry_names
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -155,7 +156,7 @@ def _source(items: list[str]) -> Source:
         if given:
             return Source(run / "config.yaml", _NOT_TRAINING + overrides,
                           note=f"run {run}: its config.yaml, with model.path={given[-1]}")
-        if _has_weights(run / "model"):
+        if has_weights(run / "model"):
             return Source(run / "config.yaml", _NOT_TRAINING + [f"model.path={run / 'model'}"] + overrides,
                           note=f"run {run}: its config.yaml and its final model {run / 'model'}")
         from grpo.checkpoint import find_checkpoint
@@ -179,10 +180,6 @@ def _source(items: list[str]) -> Source:
                           note=f"model.path={given[-1]} is in run {model.parent}: its config.yaml (task, chat "
                                "template, tools, ...), not the default job's; give a CONFIG for another")
     return Source(DEFAULT_JOB, overrides)
-
-
-def _has_weights(path: Path) -> bool:
-    return path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
 
 
 def _is_checkpoint(path: Path) -> bool:
@@ -407,7 +404,7 @@ def _eval(cfg, args) -> int:
                                    pad_id=getattr(generator, "pad_id", 0))
         correct = resolve_reward(cfg.eval.reward, field="eval.reward", sandbox_limits=Limits.from_config(cfg.sandbox))
         more = build_rewards(cfg.eval.rewards, sandbox_limits=Limits.from_config(cfg.sandbox),
-                             reward_model=cfg.reward_model, device=_device(cfg.model.device),
+                             reward_model=cfg.reward_model, device=model_device(cfg.model),
                              judge=cfg.judge, vllm_cfg=cfg.vllm, seed=cfg.train.seed)
         stack.callback(close_rewards, [fn for _, fn in more])  # a judge's launched server stops with the command
         metrics = evaluate(environment, generator, examples, correct,
@@ -417,12 +414,6 @@ def _eval(cfg, args) -> int:
     print(json.dumps({"model": str(args.checkpoint or cfg.model.path), "task": getattr(task, "name", cfg.data.task),
                       "examples": len(examples), **metrics}, indent=2))
     return 0
-
-
-def _device(device: str) -> str:
-    """model.device as the model loads on it ('auto': CUDA where PyTorch sees it)."""
-    import torch
-    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
 def _sample(cfg, args) -> int:

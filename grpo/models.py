@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,6 +31,37 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def local_path_reason(path: str) -> str | None:
+    """Why `path` can only be a local directory, not a Hugging Face Hub id (`name` or `org/name`): it starts with
+    `./`, `../`, `/` or `~` (or is `.` or `..`), has more than one `/`, ends with `/`, or has one `/` after a first
+    part that is a directory here (`my-models/x` where ./my-models exists). None: it may be a Hub id."""
+    if path in (".", ".."):
+        return f"it is {path!r}"
+    for start in ("./", "../", "/", "~"):
+        if path.startswith(start):
+            return f"it starts with {start!r}"
+    if path.count("/") > 1:
+        return "it has more than one '/', which a Hub id (name or org/name) never has"
+    if path.endswith("/"):
+        return "it ends with '/'"
+    first = path.partition("/")[0]
+    if "/" in path and os.path.isdir(first):
+        return f"its first part, {first!r}, is a directory here"
+    return None
+
+
+def check_model_path(path, where: str | None = None) -> None:
+    """A model path (model.path, a reward model's rm:<path>) that can only be local and does not exist fails here,
+    at load, in one line: without this check transformers would take it for a Hub id and retry the Hub for a minute
+    before failing (offline)."""
+    if not isinstance(path, str) or os.path.exists(os.path.expanduser(path)):
+        return
+    reason = local_path_reason(path)
+    if reason is not None:
+        raise ConfigError(f"{where or f'model.path {path!r}'} does not exist ({reason}, so it names a local "
+                          "directory, not a Hugging Face Hub id)")
+
+
 def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, processing_class=None):
     """The policy on its device and its tokenizer.
 
@@ -48,12 +80,11 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, 
         return _prepared(model, _given_tokenizer(model, processing_class, cfg), cfg, lora)
     path = resolve_model_path(cfg.path)
     local = Path(path).expanduser()
-    if local.exists() and not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")):
+    if local.exists() and not has_weights(local):
         raise DataError(f"model.path {path!r} is a directory without weights (*.safetensors or *.bin)")
-    if not local.exists() and (path.startswith((".", "/", "~")) or path.count("/") > 1):
-        raise DataError(f"model.path {path!r} does not exist")
+    check_model_path(path)
     source = str(local) if local.exists() else path  # a local directory, or a Hub id
-    device = _device(cfg)
+    device = model_device(cfg)
     kwargs = {"dtype": getattr(torch, cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
@@ -74,7 +105,14 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, 
     return _prepared(model, tokenizer, cfg, lora, device)
 
 
-def _device(cfg: ModelConfig) -> str:
+def has_weights(path: Path) -> bool:
+    """Whether `path` is a directory with model weights (*.safetensors or *.bin) in it."""
+    return path.is_dir() and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+
+
+def model_device(cfg: ModelConfig) -> str:
+    """model.device as the model loads on it ('auto': CUDA where PyTorch sees it); a DataError for 'cuda' without
+    a CUDA device."""
     device = cfg.device
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
@@ -90,7 +128,7 @@ def _prepared(model, tokenizer, cfg: ModelConfig, lora: LoraConfig | None, devic
     disable_dropout(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.to(device or _device(cfg))
+    model.to(device or model_device(cfg))
     if lora is not None and lora.rank > 0:
         if is_lora(model):
             raise ConfigError("the model given is a peft model already, and lora.rank > 0 would add a second "

@@ -21,6 +21,7 @@ from grpo.config import LOAD_CHECKS, Config, explicit_keys
 from grpo.envs import ENVIRONMENTS, resolve_environment
 from grpo.errors import ConfigError
 from grpo.imports import accepts
+from grpo.models import check_model_path
 from grpo.rewards import REWARDS, resolve_reward
 from grpo.rollout import BACKENDS, resolve_backend
 from grpo.envs.tool_calls import TOOL_PARSERS, TOOLS, load_tools
@@ -158,13 +159,13 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
             raise ConfigError(f"{key} must be a path or a name (a str), got a {type(value).__name__} object; pass a "
                               f"loaded model or a data set object as grpo.train({what}=...)")
     if getattr(given, "model", None) is None:
-        _check_model_path(cfg.model.path)
+        check_model_path(cfg.model.path)
     tools = getattr(given, "tools", None)
     tools = cfg.tools.names if tools is None else tools
     for field, names in (("rewards", cfg.rewards), ("eval.rewards", cfg.eval.rewards)):
         for name in names:
             if isinstance(name, str) and name.startswith("rm:"):
-                _check_model_path(name[3:], f"{field}: {name!r}")
+                check_model_path(name[3:], f"{field}: {name!r}")
     if not cfg.rewards:
         raise ConfigError("rewards is empty; name at least one reward function")
     for name in cfg.rewards:
@@ -294,37 +295,6 @@ def validate(cfg: Config, world_size: int | None = None, *, num_rewards: int | N
     if cfg.optim.warmup_steps >= cfg.train.steps:
         raise ConfigError(f"optim.warmup_steps={cfg.optim.warmup_steps} must be less than train.steps="
                           f"{cfg.train.steps}")
-
-
-def local_path_reason(path: str) -> str | None:
-    """Why `path` can only be a local directory, not a Hugging Face Hub id (`name` or `org/name`): it starts with
-    `./`, `../`, `/` or `~` (or is `.` or `..`), has more than one `/`, ends with `/`, or has one `/` after a first
-    part that is a directory here (`my-models/x` where ./my-models exists). None: it may be a Hub id."""
-    if path in (".", ".."):
-        return f"it is {path!r}"
-    for start in ("./", "../", "/", "~"):
-        if path.startswith(start):
-            return f"it starts with {start!r}"
-    if path.count("/") > 1:
-        return "it has more than one '/', which a Hub id (name or org/name) never has"
-    if path.endswith("/"):
-        return "it ends with '/'"
-    first = path.partition("/")[0]
-    if "/" in path and os.path.isdir(first):
-        return f"its first part, {first!r}, is a directory here"
-    return None
-
-
-def _check_model_path(path, where: str | None = None) -> None:
-    """A model path (model.path, a reward model's rm:<path>) that can only be local and does not exist fails here,
-    at load, in one line: without this check transformers would take it for a Hub id and retry the Hub for a minute
-    before failing (offline)."""
-    if not isinstance(path, str) or os.path.exists(os.path.expanduser(path)):
-        return
-    reason = local_path_reason(path)
-    if reason is not None:
-        raise ConfigError(f"{where or f'model.path {path!r}'} does not exist ({reason}, so it names a local "
-                          "directory, not a Hugging Face Hub id)")
 
 
 def _check_reward_weights(cfg: Config, num_rewards: int | None) -> None:

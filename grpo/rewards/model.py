@@ -53,13 +53,12 @@ class RewardModel:
             return self
         from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-        from grpo.models import resolve_model_path
+        from grpo.models import check_model_path, resolve_model_path
 
         where = f"{self.field}: {self.spec}"
         source = resolve_model_path(self.path)
+        check_model_path(source, where)
         local = Path(source).expanduser()
-        if not local.exists() and (source.startswith((".", "/", "~")) or source.count("/") > 1):
-            raise ConfigError(f"{where}: {source!r} does not exist")
         source = str(local) if local.exists() else source
         try:
             config = AutoConfig.from_pretrained(source)

@@ -350,7 +350,7 @@ def test_a_local_looking_model_path_that_does_not_exist_fails_at_load(path, reas
 
 
 def test_hub_ids_and_existing_directories_pass_the_model_path_check(tmp_path, monkeypatch):
-    from grpo.validate import local_path_reason
+    from grpo.models import local_path_reason
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my-models" / "x").mkdir(parents=True)
     for path in ["org/name", "gpt2", "tiny", "smollm2-135m-instruct", "my-models/x", "./my-models/x",
