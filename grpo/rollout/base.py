@@ -51,6 +51,13 @@ def stop_cut(text: str, stop: Sequence[str], since: int = 0) -> str | None:
     return None if best is None else text[:best]
 
 
+def stop_text(tokenizer, tokens: Sequence[int], text: str, stop: Sequence[str]) -> str | None:
+    """`text` (the decoding of `tokens`, `skip_special_tokens=True`) cut after the stop string its last token
+    completed (`stop_cut`, the last token's text starting where the decoding of the tokens before it ends), or
+    None when the last token completed none."""
+    return stop_cut(text, stop, len(tokenizer.decode(list(tokens)[:-1], skip_special_tokens=True)))
+
+
 @dataclass
 class Rollout(Rows):
     """N = prompts × n completions, prompt by prompt (the n completions of a prompt are consecutive)."""

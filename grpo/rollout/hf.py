@@ -21,7 +21,7 @@ from grpo.algo.logprobs import sampling_keep_mask
 from grpo.policy.context import inference
 from grpo.policy.inputs import model_inputs
 from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompts, prompt_limits, prompt_seeds,
-                               stop_cut, stop_tokens)
+                               stop_text, stop_tokens)
 from grpo.rollout.lean_decoding import LeanDecoding
 
 
@@ -185,9 +185,9 @@ class HFGenerator:
         text_len = (lengths - (ended & ~by_string).long()).tolist()
         texts = self.tokenizer.batch_decode([row[:k].tolist() for row, k in zip(completion_ids, text_len)],
                                             skip_special_tokens=True)
-        if stops is not None:
-            texts = [stops.cut(texts[i], completion_ids[i, :k - 1].tolist()) if stopped else texts[i]
-                     for i, (stopped, k) in enumerate(zip(by_string.tolist(), text_len))]
+        for i in by_string.nonzero().flatten().tolist():  # cut after the string, as vLLM's engine does
+            texts[i] = stop_text(self.tokenizer, completion_ids[i, :text_len[i]].tolist(), texts[i], stops.stop) \
+                or texts[i]
         return texts
 
     def _transformers_steps(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
@@ -237,18 +237,8 @@ class _StopStrings:
         for i, text in zip(open_rows, texts):
             # a string in the window: it counts if it ends in the last token's text (one found earlier was not
             # looked for, within min_new_tokens)
-            if any(s in text for s in self.stop) and self._ends_last(text, self.history[i][-self.window:-1]):
+            if any(s in text for s in self.stop) and \
+                    stop_text(self.tokenizer, self.history[i][-self.window:], text, self.stop) is not None:
                 hit[i] = True
         self.ended |= hit
         return hit
-
-    def _ends_last(self, text: str, before: list[int]) -> bool:
-        return stop_cut(text, self.stop, len(self.tokenizer.decode(before, skip_special_tokens=True))) is not None
-
-    def cut(self, text: str, before_last: list[int]) -> str:
-        """A stopped row's text (its tokens decoded, the last included) cut after the stop string its last
-        token completed (`before_last`: the tokens before it)."""
-        since = len(self.tokenizer.decode(before_last, skip_special_tokens=True))
-        cut = stop_cut(text, self.stop, since)
-        return text if cut is None else cut
-

@@ -22,7 +22,7 @@ import torch
 
 from grpo.errors import DataError, GRPOError
 from grpo.policy.lora import lora_merged_weight
-from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_cut
+from grpo.rollout.base import Rollout, Sampling, encode_prompts, prompt_limits, prompt_seeds, stop_text
 
 INSTALL = "pip install -e '.[vllm]' (or: make setup-vllm)"
 
@@ -181,8 +181,7 @@ def rows_from_outputs(outs, ids: list[list[int]], n: int, *, with_logp: bool, to
     texts = tokenizer.batch_decode([r if t or b else r[:-1] for r, t, b in zip(rows, truncated, by_string)],
                                    skip_special_tokens=True)
     for j in (j for j, b in enumerate(by_string) if b):  # the engine's rule: the string ends in the last token
-        since = len(tokenizer.decode(rows[j][:-1], skip_special_tokens=True))
-        texts[j] = stop_cut(texts[j], stop, since) or texts[j]
+        texts[j] = stop_text(tokenizer, rows[j], texts[j], stop) or texts[j]
     return Rollout(prompt_ids.to(device), prompt_mask.to(device), completion_ids.to(device),
                    completion_mask.to(device), trunc.to(device), texts,
                    sampler_logp=None if sampler_logp is None else sampler_logp.to(device),
