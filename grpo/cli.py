@@ -19,7 +19,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo.config import describe_options, load_config, options
+from grpo.config import describe_options, load_config
 from grpo.errors import NO_ROOM, GRPOError, write_failure
 from grpo.models import has_weights, model_device
 from grpo.validate import registry_names
@@ -49,7 +49,7 @@ def _split_args(items: list[str]) -> tuple[Path, list[str]]:
 
 
 # the options each command reads besides `train` (which reads them all), for its --help: sections and dotted keys
-# (`describe_options(only=...)`), less the keys of those sections it does not read
+# (`describe_options(only=...)`), less the keys of those sections it does not read (`leave_out`)
 READS = {
     "eval": (("model", "data", "rollout", "tools", "sandbox", "eval", "reward_model", "judge", "vllm", "vllm_server",
               "compute.threads", "train.seed"),
@@ -70,9 +70,7 @@ RUN_DIR_NOTE = ("CONFIG may be a run directory of grpo train: its config.yaml (t
 def _epilog(command: str) -> str:
     if command in READS:
         sections, left_out = READS[command]
-        keep = [key for key, _, _ in options() if any(key == k or key.startswith(k + ".") for k in sections)
-                and key not in left_out]
-        text = describe_options(registry_names(), only=keep)
+        text = describe_options(registry_names(), only=sections, leave_out=left_out)
         head = f"the options grpo {command} reads (as dotted.key=value, or in the YAML file; a config's others are " \
                "ignored):\n"
     else:

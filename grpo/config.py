@@ -784,13 +784,15 @@ def help_of(f: Field, names: Mapping[str, Iterable[str]] | None = None) -> str:
     return text.replace("{names}", ", ".join(map(repr, listed)) if listed is not None else f"the {registry} registered")
 
 
-def describe_options(names: Mapping[str, Iterable[str]] | None = None, only: Iterable[str] | None = None) -> str:
+def describe_options(names: Mapping[str, Iterable[str]] | None = None, only: Iterable[str] | None = None,
+                     leave_out: Iterable[str] = ()) -> str:
     """Every option with its type, default and help: `grpo train --help` prints this (with `names`, see
-    `help_of`). `only`: sections ("eval") and dotted keys ("train.seed") to list, the others left out."""
-    keep = None if only is None else tuple(only)
+    `help_of`). `only`: sections ("eval") and dotted keys ("train.seed") to list, the others left out; `leave_out`:
+    dotted keys of those not to list."""
+    keep, drop = None if only is None else tuple(only), set(leave_out)
     return "\n".join(f"  {key} ({_type_name(tp)}, default {default_of(f)!r})\n      {help_of(f, names)}"
                      for key, tp, f in options()
-                     if keep is None or any(key == k or key.startswith(k + ".") for k in keep))
+                     if key not in drop and (keep is None or any(key == k or key.startswith(k + ".") for k in keep)))
 
 
 def config_changes(saved: dict, current: dict, defaults: dict | None = None) -> tuple[list[str], list[str]]:
