@@ -8,6 +8,14 @@ there are. Masks come from positions: a completion is loss-bearing up to and inc
 the pad and EOS ids are (SPEC 11, item 4), or the token that completes a stop string (`Sampling.stop`). The
 repetition penalty acts on the logits before the temperature and min-p, top-k and top-p; min-p is part of the kept
 set the trainer replays (`grpo.algo.sampling_keep_mask`), the repetition penalty is not.
+
+Finished rows (EOS, a stop string, the row's limit) stop being computed: when the unfinished rows fall to 3/4 of
+the rows the decoding state holds, the state keeps only them (`rows_to_keep`, then `keep` of `LeanDecoding` or of
+the transformers cache), topped up to a multiple of 8 rows, so that every matmul row keeps its bits; the sampling,
+the repetition penalty and the noise then take the rows held, the masks and stop strings all rows. The tokens are
+those of decoding every row to the end, bit for bit (tests/data/decoding_reference.json; with transformers' own
+forward in float32 SDPA on several CPU threads the attention of a moved row may differ in its last bits, which the
+recorded tokens never felt). With several processes each steps until all are done, its state never emptied.
 """
 from __future__ import annotations
 
@@ -51,6 +59,31 @@ def sample_next(logits: torch.Tensor, sampling: Sampling, uniform: torch.Tensor 
     cdf = torch.softmax(logits, dim=-1).cumsum_(dim=-1)
     target = (uniform.to(cdf.dtype) * cdf[:, -1]).unsqueeze(1)  # scaled by the total: no rounding past the end
     return torch.searchsorted(cdf, target, right=True).squeeze(1).clamp_(max=logits.shape[-1] - 1)
+
+
+# Dropping finished rows. A matrix product computes a row's bits alike whatever the batch's size only for rows in
+# a full group of its kernel's rows (MKL's sgemm and dgemm on an AVX2 CPU: groups of 4; a row of the last M mod 4
+# may round otherwise, e.g. M = 1 to 3 at one thread, M = 5 to 7 and 9 to 11 at two): the state kept is a
+# multiple of _ROW_GROUP rows (8: a margin over 4), topped up with finished rows, and a batch whose size is not a
+# multiple keeps all its rows while one of its last N mod _ROW_GROUP is unfinished. Each compaction copies the keys
+# and values of the rows kept; with at most _COMPACT_AT of the rows held each time, a batch copies at most
+# 3 N rows' in all (3/4 + 9/16 + ...), and every step after one computes a quarter fewer rows or better.
+_ROW_GROUP = 8
+_COMPACT_AT = 0.75
+
+
+def rows_to_keep(held: torch.Tensor, finished: torch.Tensor, total: int) -> torch.Tensor | None:
+    """The positions in `held` (M,), the batch rows a decoding state holds, of the rows to keep, ascending; None
+    to keep them all. `finished` (N,): the batch's rows that are done (N = `total`). The unfinished rows are kept,
+    topped up with the first finished ones to a multiple of `_ROW_GROUP` rows, when that is at most `_COMPACT_AT`
+    of M and none of the batch's last N mod `_ROW_GROUP` rows is unfinished (see above); never no rows."""
+    live = ~finished.index_select(0, held)
+    count = int(live.sum())
+    target = -(-count // _ROW_GROUP) * _ROW_GROUP
+    if count == 0 or target > _COMPACT_AT * len(held) or bool((live & (held >= total - total % _ROW_GROUP)).any()):
+        return None
+    fill = (~live).nonzero().squeeze(1)[:target - count]
+    return live.index_fill(0, fill, True).nonzero().squeeze(1)
 
 
 class HFGenerator:
@@ -131,44 +164,47 @@ class HFGenerator:
         if sampling.temperature > 0:
             gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
             noise = torch.cat([torch.rand(steps, n, generator=g) for g in gens], dim=1).to(device)
-        state = LeanDecoding.prefill(self.model, prompt_ids, prompt_mask, n, steps) if self.lean else None
-        if state is not None:
-            lean, logits = state
-            step = lean.step
-        else:
-            step, logits = self._transformers_steps(prompt_ids, prompt_mask, n)
+        lean = LeanDecoding.prefill(self.model, prompt_ids, prompt_mask, n, steps) if self.lean else None
+        state, logits = lean or _TransformersDecoding.prefill(self.model, prompt_ids, prompt_mask, n)
 
         total = logits.shape[0]
+        held = torch.arange(total, device=device)  # the rows the decoding state holds, in its order
         finished = torch.zeros(total, dtype=torch.bool, device=device)  # by EOS or at the row's limit
         ended = torch.zeros(total, dtype=torch.bool, device=device)  # by EOS or a stop string
         cap = torch.tensor(limits, device=device).repeat_interleave(n)
         lengths = torch.full((total,), steps, dtype=torch.long, device=device)
-        seen = None  # (N, Lp + t): the tokens the repetition penalty acts on, the prompt's padding left out
+        seen = None  # (held rows, Lp + t): the tokens the repetition penalty acts on, the prompt's padding left out
         if sampling.repetition_penalty != 1:
             # a padded position repeats the row's last prompt token, which the penalty sees anyway
             seen = torch.where(prompt_mask.bool(), prompt_ids, prompt_ids[:, -1:]).repeat_interleave(n, dim=0)
         stops = _StopStrings(self.tokenizer, sampling.stop, total) if sampling.stop else None
         tokens = []
         for t in range(steps):
+            # logits and seen: the held rows'; tokens, finished, ended and lengths: all rows'
             if t < sampling.min_new_tokens:
                 logits = logits.index_fill(-1, eos_ids, float("-inf"))
             if seen is not None:
                 logits = repetition_penalty(logits, seen, sampling.repetition_penalty)
-            nxt = sample_next(logits, sampling, None if noise is None else noise[t])
-            nxt = torch.where(finished, torch.full_like(nxt, self.pad_id), nxt)
-            tokens.append(nxt)
+            nxt = sample_next(logits, sampling, None if noise is None else noise[t].index_select(0, held))
+            nxt = torch.where(finished.index_select(0, held), torch.full_like(nxt, self.pad_id), nxt)
+            tokens.append(torch.full_like(finished, self.pad_id, dtype=nxt.dtype).index_copy_(0, held, nxt))
             if seen is not None:
                 seen = torch.cat([seen, nxt.unsqueeze(1)], dim=1)
-            stop = ~finished & torch.isin(nxt, eos_ids)
+            stop = ~finished & torch.isin(tokens[-1], eos_ids)
             if stops is not None:  # looked for after min_new_tokens, as vLLM does after min_tokens
-                stop |= stops.step(nxt, finished, check=t + 1 > sampling.min_new_tokens).to(device)
+                stop |= stops.step(tokens[-1], finished, check=t + 1 > sampling.min_new_tokens).to(device)
             ended |= stop
             stop |= ~finished & (cap <= t + 1)
             lengths[stop] = t + 1
             finished |= stop
             if self.all_finished(bool(finished.all())) or t + 1 == steps:
                 break
-            logits = step(nxt)
+            keep = rows_to_keep(held, finished, total)
+            if keep is not None:  # drop finished rows: every later step computes only the rows kept
+                state.keep(keep)
+                held, nxt = held.index_select(0, keep), nxt.index_select(0, keep)
+                seen = None if seen is None else seen.index_select(0, keep)
+            logits = state.step(nxt)
 
         completion_ids = torch.stack(tokens, dim=1)  # (N, T)
         width = completion_ids.shape[1]
@@ -190,25 +226,38 @@ class HFGenerator:
                 or texts[i]
         return texts
 
-    def _transformers_steps(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
-        """Decoding with the model's own forward and cache: (step(tokens) -> next logits, the first logits).
-        The prompts are prefilled once and the cache repeated for the n completions of each."""
+class _TransformersDecoding:
+    """Decoding with the model's own forward and cache (any causal LM whose cache has transformers'
+    `batch_repeat_interleave` and `batch_select_indices`), with the methods of `LeanDecoding`: `step(tokens)` ->
+    the next logits of the rows held, `keep(rows)`."""
+
+    def __init__(self, model, cache, attn: torch.Tensor, next_pos: torch.Tensor):
+        self.model, self.cache, self.attn, self.next_pos = model, cache, attn, next_pos
+
+    @classmethod
+    def prefill(cls, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
+        """The prompts prefilled once and the cache repeated for the n completions of each: the state and the
+        first logits (P·n, V)."""
         inputs = model_inputs(prompt_ids, prompt_mask)
-        out = self.model(**inputs.forward_kwargs(), use_cache=True, logits_to_keep=1)
+        out = model(**inputs.forward_kwargs(), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)  # prefill once per prompt, share it across the group
-        attn = prompt_mask.repeat_interleave(n, dim=0)
-        next_pos = inputs.next_position.unsqueeze(1).repeat_interleave(n, dim=0)
+        state = cls(model, cache, prompt_mask.repeat_interleave(n, dim=0),
+                    inputs.next_position.unsqueeze(1).repeat_interleave(n, dim=0))
+        return state, out.logits[:, -1].repeat_interleave(n, dim=0)
 
-        def step(tokens: torch.Tensor) -> torch.Tensor:
-            nonlocal attn, next_pos
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-            out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=attn, position_ids=next_pos,
-                             past_key_values=cache, use_cache=True)
-            next_pos = next_pos + 1
-            return out.logits[:, -1]
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the cache, attention mask and positions of `rows` (indices of the rows held now)."""
+        self.cache.batch_select_indices(rows)
+        self.attn, self.next_pos = self.attn.index_select(0, rows), self.next_pos.index_select(0, rows)
 
-        return step, out.logits[:, -1].repeat_interleave(n, dim=0)
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits (N, V) of the N rows held after feeding `tokens` (N,)."""
+        self.attn = torch.cat([self.attn, torch.ones_like(self.attn[:, :1])], dim=1)
+        out = self.model(input_ids=tokens.unsqueeze(1), attention_mask=self.attn, position_ids=self.next_pos,
+                         past_key_values=self.cache, use_cache=True)
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1]
 
 
 class _StopStrings:

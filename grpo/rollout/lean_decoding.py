@@ -14,6 +14,8 @@ the decoding steps of the models `grpo.policy.lean.supported` accepts, with the 
   For a float32 model without autocast the single-query attention is two batched matmuls over the buffers, with
   the key padding as an additive bias; under autocast, or in another dtype, it is the model's kernel
   (`grpo.policy.lean.attention`), as in transformers.
+- `keep(rows)` drops the rows the sampler has finished with: every per-row tensor (keys, values, positions, the key
+  bias or mask) is index-selected, a copy of the rows kept, and the following steps compute only those.
 A LoRA policy (peft's plain `lora.Linear` layers) decodes here too, from `merged_lora`: a view of its base model
 whose adapted projections hold W + ΔW, made once per batch (its other modules, the embeddings, norms and head, are
 the model's own). Its logits equal the adapter's forward W x + s·B(A x) up to rounding; the trainer computes the
@@ -101,8 +103,21 @@ class LeanDecoding:
         key_mask[:, :lp] = prompt_mask.bool().repeat_interleave(n, dim=0)
         return cls(model, keys, values, key_mask, lp, inputs.next_position.repeat_interleave(n)), logits
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the state of `rows` (indices of the rows held now, in the order the next steps take them):
+        every per-row tensor (the keys and values, the positions, the key bias or mask) is index-selected, which
+        copies the keys and values of the rows kept."""
+        self.keys = [k.index_select(0, rows) for k in self.keys]
+        self.values = [v.index_select(0, rows) for v in self.values]
+        self.positions = self.positions.index_select(0, rows)
+        if self.matmul_attention:
+            kv_heads, capacity = self.keys[0].shape[1], self.bias.shape[-1]
+            self.bias = self.bias.view(-1, kv_heads, 1, capacity).index_select(0, rows).view(-1, 1, capacity)
+        elif self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, rows)
+
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits (N, V) after feeding `tokens` (N,)."""
+        """Logits (N, V) after feeding `tokens` (N,), N the rows held (all of the batch's, or those `keep` kept)."""
         base, at = self.base, self.length
         x = base.embed_tokens(tokens)  # (N, hidden)
         if self.table is not None:

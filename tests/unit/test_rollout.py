@@ -16,6 +16,9 @@ class _Cache:
     def batch_repeat_interleave(self, n):
         self.rows = [list(r) for r in self.rows for _ in range(n)]
 
+    def batch_select_indices(self, indices):  # the generator drops finished rows
+        self.rows = [self.rows[i] for i in indices.tolist()]
+
 
 class ScriptedLM:
     """A stand-in causal LM that emits a fixed token script per prompt, whatever the sampling settings."""
