@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from grpo.config import describe_options, load_config
@@ -356,6 +356,7 @@ def _load(cfg, checkpoint: Path | None = None):
 
     from grpo.envs import build_environment
     from grpo.models import load_model
+    from grpo.precision import resolved
     from grpo.rollout import build_generator
     from grpo.tasks import load_task
 
@@ -364,6 +365,9 @@ def _load(cfg, checkpoint: Path | None = None):
     model, tokenizer = load_model(cfg.model, cfg.lora if checkpoint is not None else None)
     if checkpoint is not None:
         _load_weights(model, checkpoint)
+    model_cfg, precision = resolved(cfg.model, model)  # model.autocast_bf16=auto decided, on stderr as its line
+    print(precision, file=sys.stderr)
+    cfg = replace(cfg, model=model_cfg)
     generator = build_generator(model, tokenizer, cfg)
     if checkpoint is not None:  # an engine of its own (vLLM) starts from model.path: it takes the checkpoint's weights
         generator.sync_weights(model)
@@ -415,8 +419,6 @@ def _eval(cfg, args) -> int:
 
 
 def _sample(cfg, args) -> int:
-    from dataclasses import replace
-
     from grpo.rollout import SAMPLE, rollout_sampling, sampling_seed
     from grpo.tasks import Example
 

@@ -83,14 +83,16 @@ class ModelConfig:
                             "Face Hub id.")
     dtype: Literal["float32", "bfloat16"] = opt("float32", "Dtype of the weights and of the forward passes.")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "Where the model runs; auto picks cuda when available.")
-    autocast_bf16: bool = opt(False, "Run forward passes under bfloat16 autocast (weights stay in model.dtype); "
-                                     "on CPUs with AVX-512 BF16 or AMX this is faster from a few million "
-                                     "parameters up (docs/benchmarks.md).")
+    autocast_bf16: bool | Literal["auto"] = opt(
+        "auto", "Run forward passes under bfloat16 autocast (weights stay in model.dtype). auto: on where the "
+                "device has native bfloat16 matrix units (a GPU that supports bfloat16, a CPU with AMX, AVX-512 BF16 "
+                "or Arm BF16) and the model has at least 4 M parameters, off elsewhere (emulated bfloat16 is slower "
+                "than float32); the run's first line says which and why (docs/training.md).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.",
                                        resume="rounding")
     attn_implementation: str = opt("", "Attention kernel passed to transformers ('eager', 'sdpa', "
                                        "'flash_attention_2', ...); empty keeps the model's default, except "
-                                       "'eager' with autocast_bf16 on CPU (faster there for short sequences; "
+                                       "'eager' when bfloat16 autocast is on, on CPU (faster there for short sequences; "
                                        "set 'sdpa' for long ones, whose eager attention matrices are large).")
     trust_remote_code: bool = opt(False, "Allow model code from the model repository (off: only transformers' "
                                          "own classes run).")
@@ -401,6 +403,14 @@ class ComputeConfig:
                                    "own loop over the model's weights, prompts and completions as one flat batch "
                                    "of positions: the same log-probs as transformers' forward with less overhead. "
                                    "false: always transformers' forward.")
+    packing: bool = opt(False, "Run the training, old-policy and reference forward passes over the attended tokens "
+                               "alone, without padding: on the lean forward, the projections, MLPs and output "
+                               "projection see each shared prompt once and each completion's own tokens; on "
+                               "transformers' forward, the sequences go one after another in one row, positions "
+                               "restarting at each. The same log-probs and gradients to float rounding. Where it "
+                               "cannot apply (transformers' forward with share_prompt, sliding-window or multimodal "
+                               "models, attention other than sdpa or eager) the run says why and runs unpacked "
+                               "(docs/training.md). Off by default until a benchmark shows it faster.")
     threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0, resume="rounding")
     sharding: Literal["ddp", "fsdp"] = opt("ddp", "With several processes: replicate the model and all-reduce "
                                                   "gradients (ddp), or shard parameters, gradients and optimizer "
@@ -941,7 +951,14 @@ def _coerce(value: Any, tp: Any, name: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], name)
+        if len(inner) == 1:
+            return _coerce(value, inner[0], name)
+        for a in inner:  # the first that takes the value (bool | Literal['auto'])
+            try:
+                return _coerce(value, a, name)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{name} must be {_type_name(tp)}, got {value!r}")
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{name} must be a {_type_name(tp)}, got {value!r}")

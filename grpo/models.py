@@ -10,6 +10,7 @@ import torch
 
 from grpo.config import LoraConfig, ModelConfig
 from grpo.errors import ConfigError, DataError, WriteError, os_reason, write_failure
+from grpo.precision import resolved
 
 TINY = "tiny"
 
@@ -88,7 +89,7 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, 
     kwargs = {"dtype": getattr(torch, cfg.dtype), "trust_remote_code": cfg.trust_remote_code}
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
-    elif cfg.autocast_bf16 and device == "cpu":
+    elif cfg.autocast_bf16 is True and device == "cpu":
         # PyTorch's CPU flash-attention backward is slow in bfloat16 (docs/benchmarks.md)
         kwargs["attn_implementation"] = "eager"
     try:
@@ -102,6 +103,9 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, 
             raise
         raise DataError(f"cannot load model.path {path!r}: its weights file is damaged or incomplete "
                         f"({' '.join(str(e).split())[:200]}); write or copy it again") from None
+    if cfg.autocast_bf16 == "auto" and device == "cpu" and not cfg.attn_implementation and \
+            resolved(cfg, model)[0].autocast_bf16:
+        model.set_attn_implementation("eager")  # as for autocast_bf16=true, once 'auto' has decided
     return _prepared(model, tokenizer, cfg, lora, device)
 
 

@@ -42,9 +42,10 @@ from grpo.metrics import sample_rows, step_metrics
 from grpo.model_card import model_card
 from grpo.models import frozen_copy, is_lora, load_model, save_final
 from grpo.optim import build_optimizer
-from grpo.policy import LogprobModule, forward_path
+from grpo.policy import LogprobModule, forward_path, packing_unavailable
 from grpo.policy.reference_sync import ReferenceSync, reference_weights
 from grpo.policy.weights import full_model_state
+from grpo.precision import resolved
 from grpo.rewards import (RewardFn, build_rewards, close_rewards, example_fields, field_names, missing_fields,
                           needs_fields_error, recorded_name, resolve_reward, reward_name, take_figures)
 from grpo.rundir import RunLock, claim, clear, discard_unstarted
@@ -272,6 +273,9 @@ def _train(cfg: Config, run: _Run, dist: Dist, out: Path, started: float, ckpt: 
 def _loop(cfg: Config, run: _Run, dist: Dist, out: Path, ckpt: Path | None, state: TrainState,
           logger: RunLogger) -> TrainResult:
     result = TrainResult(out, logger.history, state.initial_eval, state.final_eval, state.step, resumed_from=ckpt)
+    logger.write(run.precision)
+    if run.packing:
+        logger.write(run.packing)
     if ckpt is not None:
         logger.write(f"resumed from {ckpt} at step {state.step}")
     if not run.eval_set:
@@ -464,6 +468,8 @@ class _Run:
     eval_rewards: list = field(default_factory=list)  # eval.rewards: (name, function), logged as eval/reward/<name>
     config: Config | None = None             # the run's config as recorded in config.yaml (`_built`)
     lagged: dict = field(default_factory=dict)  # a resume's weights of the batches in flight, by version
+    precision: str = ""                      # the run's first line: bfloat16 autocast on or off, and why
+    packing: str = ""                        # why compute.packing, asked for, does not apply ("" where it does)
 
     def moved_reference(self) -> dict | None:
         """A full model's reference tensors when resets can move them (checkpointed and restored), else None."""
@@ -495,9 +501,14 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
         raise ConfigError("the prompts are conversations (lists of messages); rollout.environment=tools takes text "
                           "prompts (its system prompt is model.system_prompt): give the prompt column as text")
     policy, tokenizer = load_model(m, cfg.lora, model=given.model, processing_class=given.processing_class)
+    # model.autocast_bf16=auto decided for this model on this device; the run's config keeps 'auto'
+    m, precision = resolved(m, policy)
+    decided = replace(cfg, model=m)
     # one forward path for the reference and the training pass, so at the first step the two agree bit for bit
     path = forward_path(policy, sharded=c.sharding == "fsdp", share_prompt=c.share_prompt, lean=c.lean_forward,
-                        autocast_bf16=m.autocast_bf16)
+                        autocast_bf16=m.autocast_bf16, packing=c.packing)
+    packing = "" if path.packing or not c.packing else "compute.packing: the forward passes run unpacked: " + \
+        packing_unavailable(policy, share_prompt=path.share_prompt, lean=path.lean)
     # the reference is the initial policy (before any resume or sharding), frozen; with LoRA, the same model
     # with its adapter disabled
     reference, reference_copy = None, None
@@ -509,7 +520,7 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     # asynchronous sampling runs its collectives in a group of its own, on its own thread (grpo/ahead.py)
     sampling_dist = dist.own_group() if cfg.rollout.max_staleness else dist
     all_finished = lambda done: not sampling_dist.any(not done)  # noqa: E731 - every process is done
-    environment = build_environment(policy, tokenizer, cfg, all_finished=all_finished, tools=given.tools,
+    environment = build_environment(policy, tokenizer, decided, all_finished=all_finished, tools=given.tools,
                                     environment=given.environment)
     if given.environment is not None:  # the run's config.yaml names the environment that ran
         cfg = replace(cfg, rollout=replace(cfg.rollout, environment=environment_name(given.environment, environment)))
@@ -539,7 +550,7 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     reference_sync = ReferenceSync(policy, reference_copy, optimizer, every=a.ref_sync_every,
                                    alpha=a.ref_sync_alpha, lora=is_lora(policy))
     # the generator last: an engine of its own (vLLM) starts only once everything else has been built
-    generator = build_generator(policy, tokenizer, cfg,
+    generator = build_generator(policy, tokenizer, decided,
                                 all_finished=all_finished, world_size=dist.world_size,
                                 run_dir=Path(cfg.train.output_dir), group=sampling_dist.group)
     sampler = Sampler(environment, generator, rollout_sampling(cfg.rollout, cfg.rollout.group_size), cfg.train.seed)
@@ -565,7 +576,7 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
         raise needs_fields_error(reward_name(correct_fn), missing, given_fields, field="eval.reward")
     return _Run(policy, tokenizer, generator, environment, collector, learner, optimizer, scheduler, stream, eval_set,
                 correct_fn, _given_header(cfg, given) + to_yaml(cfg), reference_sync, sampling_dist, eval_rewards,
-                config=cfg)
+                config=cfg, precision=precision, packing=packing)
 
 
 def _restore(cfg: Config, ckpt: Path, run: _Run) -> TrainState:

@@ -4,7 +4,8 @@ Nothing here knows about process groups: `grpo.distributed` wraps a `LogprobModu
 Also the policy's weights as one whole (weights.py: `full_model_state`, `tied_names`), LoRA's merged weights
 (lora.py) and the reference's resets (reference_sync.py: `ReferenceSync`)."""
 from grpo.policy.context import inference, is_sharded
-from grpo.policy.forward import ForwardPath, LogprobModule, completion_logprobs, forward_path, prompt_groups
+from grpo.policy.forward import (ForwardPath, LogprobModule, completion_logprobs, forward_path, packing_unavailable,
+                                 prompt_groups)
 
 __all__ = ["ForwardPath", "LogprobModule", "completion_logprobs", "forward_path", "inference", "is_sharded",
-           "prompt_groups"]
+           "packing_unavailable", "prompt_groups"]

@@ -15,11 +15,21 @@ at the first step the two agree bit for bit):
 - `lean`: models that `grpo.policy.lean.supported_for_training` accepts (Llama, Qwen2, Mistral) run through
   `grpo.policy.lean.completion_hidden`: the same arithmetic on the model's own weights, with the prompt and
   completion tokens of the batch in one flat batch of positions and without transformers' per-call machinery.
+- `packing` (`compute.packing`): the forward runs over the attended tokens alone, no padding
+  (`grpo.policy.inputs.packed_inputs`): on the lean path, the projections, norms, MLPs and output projection see
+  each shared prompt once and each row's attended completion tokens (attention alone goes back to the padded
+  layout: `grpo.policy.lean.packed_hidden`); on transformers' path, one row of the sequences one after another,
+  with position ids restarting at each, from which transformers' masks keep every sequence to itself
+  (`transformers.masking_utils.find_packed_sequence_indices`). The log-probs come from the positions that
+  predict attended completion tokens alone and are 0 at the other positions (which every caller masks). Where
+  packing cannot apply, `packing_unavailable` says why and the forward runs unpacked.
 - `autocast_bf16`: the forward runs under bfloat16 autocast.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +37,7 @@ import torch
 from grpo.algo import token_logprobs, token_logprobs_from_hidden
 from grpo.policy import lean as lean_layers
 from grpo.policy.context import is_checkpointing
-from grpo.policy.inputs import model_inputs
+from grpo.policy.inputs import PackedInputs, model_inputs, packed_inputs
 
 
 @dataclass(frozen=True)
@@ -38,15 +48,51 @@ class ForwardPath:
     share_prompt: bool = False
     lean: bool = False
     autocast_bf16: bool = False
+    packing: bool = False
 
 
 def forward_path(model, *, sharded: bool = False, share_prompt: bool = False, lean: bool = False,
-                 autocast_bf16: bool = False) -> ForwardPath:
+                 autocast_bf16: bool = False, packing: bool = False) -> ForwardPath:
     """The one decision of how log-probs of `model` are computed: the options asked for, where the model allows
     them. `sharded`: the parameters are (or will be) FSDP2 shards."""
     fused = not sharded and fusable(model)
-    return ForwardPath(fused=fused, share_prompt=share_prompt and not sharded and not is_checkpointing(model),
-                       lean=fused and lean and lean_layers.supported_for_training(model), autocast_bf16=autocast_bf16)
+    share_prompt = share_prompt and not sharded and not is_checkpointing(model)
+    lean = fused and lean and lean_layers.supported_for_training(model)
+    packing = packing and packing_unavailable(model, share_prompt=share_prompt, lean=lean) is None
+    return ForwardPath(fused=fused, share_prompt=share_prompt, lean=lean, autocast_bf16=autocast_bf16,
+                       packing=packing)
+
+
+# the attention kernels whose packed masks the tests compare with unpacked rows
+_PACKED_ATTENTION = ("sdpa", "eager")
+
+
+def packing_unavailable(model, *, share_prompt: bool, lean: bool) -> str | None:
+    """Why the forward of `model` cannot run packed on the path decided (`share_prompt`, `lean`: as applied), or
+    None where it can. The lean path always can; transformers' path needs one packed row that its masks split by
+    the position ids."""
+    if lean:
+        return None
+    if share_prompt:
+        return ("compute.share_prompt runs each group's prompt once through transformers' forward with a cache; "
+                "packing on transformers' path needs every row in full (compute.share_prompt=false packs)")
+    cfg = model.config
+    if getattr(cfg, "vision_config", None) is not None or "mrope_section" in str(
+            getattr(cfg, "rope_scaling", None) or getattr(cfg, "rope_parameters", None) or ""):
+        return "a multimodal model's rotary positions are not one position per token"
+    if (getattr(cfg, "sliding_window", None) is not None and getattr(cfg, "use_sliding_window", True)) or any(
+            t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
+        return "sliding-window attention is not among the packed masks the tests compare with unpacked rows"
+    attn = getattr(cfg, "_attn_implementation", None)
+    if attn not in _PACKED_ATTENTION:
+        return (f"attention {attn!r}: packed rows are compared with unpacked ones for "
+                f"{' and '.join(map(repr, _PACKED_ATTENTION))} attention only")
+    decoder = model.get_decoder()
+    if "position_ids" not in inspect.signature(decoder.forward).parameters or not any(
+            hasattr(sys.modules.get(c.__module__), "create_causal_mask") for c in type(decoder).__mro__):
+        return (f"{type(decoder).__name__} does not build its attention masks with transformers' masking_utils, "
+                "which keeps packed sequences apart by their position ids")
+    return None
 
 
 def fusable(model) -> bool:
@@ -76,6 +122,9 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     policy's entropy at each of those positions), the latter from the same chunks. `truncation=(top_k, top_p)`:
     also, last, the log-probs renormalised over the sampler's kept set (SPEC 14.12; `grpo.algo.token_logprobs`)."""
     path = path or forward_path(model)
+    if path.packing:
+        return _packed_logprobs(model, path, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                                temperature=temperature, chunk_size=chunk_size, entropy=entropy, truncation=truncation)
     lp = prompt_ids.shape[1]
     t = completion_ids.shape[1]
     # the last completion token predicts nothing: feed up to the one before it
@@ -104,6 +153,44 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     logits = model(**inputs.forward_kwargs(), logits_to_keep=t).logits  # (B, T, V)
     return token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size, entropy=entropy,
                           truncation=truncation)
+
+
+def _packed_logprobs(model, path: ForwardPath, prompt_ids, prompt_mask, completion_ids, completion_mask, *,
+                     temperature: float, chunk_size: int, entropy: bool, truncation):
+    """`completion_logprobs` over the attended tokens alone (`path.packing`): the same outputs, (B, T) each, from
+    the positions that predict attended completion tokens, 0 at the others."""
+    if path.share_prompt and path.lean:
+        first, group = prompt_groups(prompt_ids, prompt_mask)
+    else:
+        first = group = torch.arange(prompt_ids.shape[0], device=prompt_ids.device)
+    packed = packed_inputs(prompt_ids, prompt_mask, completion_ids, completion_mask, group, first)
+    targets = completion_ids[packed.wanted].unsqueeze(0)  # (1, M)
+    if path.fused:
+        if path.lean:
+            hidden = lean_layers.packed_hidden(model, packed)
+        else:
+            hidden = model.get_decoder()(**_packed_kwargs(packed)).last_hidden_state[0]
+        hidden = hidden.index_select(0, packed.predictors).unsqueeze(0)  # (1, M, H)
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+        out = token_logprobs_from_hidden(hidden, model.get_output_embeddings().weight, targets,
+                                         temperature=temperature, chunk_size=chunk_size, matmul_dtype=dtype,
+                                         entropy=entropy, truncation=truncation)
+    else:
+        logits = model(**_packed_kwargs(packed), logits_to_keep=packed.predictors).logits  # (1, M, V)
+        out = token_logprobs(logits, targets, temperature=temperature, chunk_size=chunk_size, entropy=entropy,
+                             truncation=truncation)
+    unpacked = [x[0].new_zeros(packed.wanted.shape).masked_scatter(packed.wanted, x[0])
+                for x in (out if isinstance(out, tuple) else (out,))]
+    return tuple(unpacked) if isinstance(out, tuple) else unpacked[0]
+
+
+def _packed_kwargs(packed: PackedInputs) -> dict[str, torch.Tensor | bool | None]:
+    """A transformers forward over one packed row: no attention mask and no cache, so that its masks find the
+    sequences from the position ids (`find_packed_sequence_indices` runs only without both; with the cache that
+    `use_cache` left at the config's default makes, the row would be one causal sequence: the tests fail)."""
+    return {"input_ids": packed.input_ids.unsqueeze(0), "position_ids": packed.position_ids.unsqueeze(0),
+            "attention_mask": None, "use_cache": False}
 
 
 def _shared_prompt_hidden(decoder, ids, attn, position, lp: int) -> torch.Tensor | None:

@@ -5,8 +5,8 @@ an attention interface, keeps a cache object and runs output-capturing hooks on 
 what grpo runs instead for the architectures whose layers are exactly "x += attn(norm(x)); x += mlp(norm(x))"
 with rotary embeddings (Llama, Qwen2 and Mistral, full attention): `supported()`, the layer pieces that the lean
 decoding steps (`grpo.rollout.lean_decoding`) share, and `completion_hidden()`, the training and reference
-forward pass.
-Both use the model's own weights, rotary embedding, norms, activation and attention kernel (SDPA, or the eager
+forward pass, and `packed_hidden()`, the same over the attended tokens alone (`compute.packing`).
+All use the model's own weights, rotary embedding, norms, activation and attention kernel (SDPA, or the eager
 matmul-softmax-matmul, per its `attn_implementation`), in transformers' order of operations; the tests compare
 their outputs and gradients with transformers' forward. Any other model (other architectures, LoRA layers,
 sharded parameters, sliding windows, quantised or fused linear layers, gradient checkpointing, attention
@@ -81,16 +81,10 @@ def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: to
     prompt_valid = attn[first, :lp].bool()  # (P, lp)
     flat_ids = torch.cat([ids[first, :lp].reshape(-1), ids[:, lp:].reshape(-1)])
     flat_pos = torch.cat([position[first, :lp].reshape(-1), position[:, lp:].reshape(-1)])
-    x = base.embed_tokens(flat_ids).unsqueeze(0)  # (1, N, hidden): every position in one row
-    cos, sin = base.rotary_emb(x, flat_pos.unsqueeze(0))
-    x, cos, sin = x[0], cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # (N, hidden), (N, 1, head dim)
+    x, cos, sin = _embedded(base, flat_ids, flat_pos)
 
     device = ids.device
-    prompt_mask = None  # None: no padding, plain causal attention
-    if not bool(prompt_valid.all()):
-        i = torch.arange(lp, device=device)
-        causal = i[:, None] >= i[None, :]
-        prompt_mask = (causal & (prompt_valid[:, None, :] | (i[:, None] == i[None, :]))).unsqueeze(1)
+    prompt_mask = _prompt_mask(prompt_valid)
     completion_mask = None
     if t1:
         j = torch.arange(t1, device=device)
@@ -98,15 +92,8 @@ def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: to
                                      (j[:, None] >= j[None, :]).expand(b, t1, t1)], dim=2).unsqueeze(1)
     eager = model.config._attn_implementation == "eager"
 
-    for layer in base.layers:
-        a = layer.self_attn
-        d = a.head_dim
-        h = norm(layer.input_layernorm, x)
-        q = F.linear(h, a.q_proj.weight, a.q_proj.bias).view(-1, a.q_proj.out_features // d, d)  # (N, heads, d)
-        k = F.linear(h, a.k_proj.weight, a.k_proj.bias).view(-1, a.k_proj.out_features // d, d)
-        v = F.linear(h, a.v_proj.weight, a.v_proj.bias).view(-1, a.v_proj.out_features // d, d)
-        heads = q.shape[1]
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def attend(q, k, v, a):
+        d, heads = a.head_dim, q.shape[1]
         qp, kp, vp = (z[:n_prompt].view(p, lp, -1, d).transpose(1, 2) for z in (q, k, v))
         if prompt_kv is not None:
             prompt_kv.append((kp, vp))
@@ -119,13 +106,90 @@ def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: to
             keys, values = torch.cat([kp, kc], dim=2), torch.cat([vp, vc], dim=2)
             out.append(attention(qc, keys, values, completion_mask, a.scaling, eager)
                        .transpose(1, 2).reshape(b * t1, heads * d))
-        x = x + F.linear(torch.cat(out), a.o_proj.weight, a.o_proj.bias)
-        x = x + mlp(layer.mlp, norm(layer.post_attention_layernorm, x))
-    x = norm(base.norm, x)
+        return torch.cat(out)
+
+    x = _layers(base, x, cos, sin, attend)
     last = x[:n_prompt].view(p, lp, -1)[:, -1]  # the last prompt position predicts the first completion token
     if shared:
         last = last.index_select(0, group)
     return torch.cat([last.unsqueeze(1), x[n_prompt:].view(b, t1, x.shape[-1])], dim=1)
+
+
+def packed_hidden(model, packed) -> torch.Tensor:
+    """The final hidden states (N, H) of the N tokens of `packed` (a `grpo.policy.inputs.PackedInputs`): the
+    projections, norms and MLPs see those tokens alone, no padding. Attention runs as in `completion_hidden`: each
+    prompt causally over its own tokens, each completion over its prompt's keys and values and its own earlier
+    tokens, never over padding; for that call alone the queries, keys and values go to their padded slots (zeros
+    elsewhere; a padded query attends to itself, so its unused output stays finite, and no gradient reaches it)."""
+    base = model.model
+    p, lp, b, t1 = packed.prompts, packed.prompt_width, packed.rows, packed.fed_width
+    n_prompt, slots, group = p * lp, packed.slots, packed.group
+    size = n_prompt + b * t1
+    x, cos, sin = _embedded(base, packed.input_ids, packed.position_ids)
+    valid = torch.zeros(size, dtype=torch.bool, device=slots.device)
+    valid[slots] = True
+    prompt_valid = valid[:n_prompt].view(p, lp)
+    prompt_mask = _prompt_mask(prompt_valid)
+    completion_mask = None
+    if t1:
+        j = torch.arange(t1, device=slots.device)
+        own = (j[:, None] >= j[None, :]) & (valid[n_prompt:].view(b, 1, t1) | (j[:, None] == j[None, :]))
+        completion_mask = torch.cat([prompt_valid.index_select(0, group)[:, None, :].expand(b, t1, lp), own],
+                                    dim=2).unsqueeze(1)
+    eager = model.config._attn_implementation == "eager"
+    shared = p != b  # else every row is its own prompt: group = arange(B)
+
+    def attend(q, k, v, a):
+        d, heads = a.head_dim, q.shape[1]
+        q, k, v = (z.new_zeros(size, z.shape[1], d).index_copy(0, slots, z) for z in (q, k, v))
+        qp, kp, vp = (z[:n_prompt].view(p, lp, -1, d).transpose(1, 2) for z in (q, k, v))
+        out = [attention(qp, kp, vp, prompt_mask, a.scaling, eager, causal=prompt_mask is None)
+               .transpose(1, 2).reshape(n_prompt, heads * d)]
+        if t1:
+            qc, kc, vc = (z[n_prompt:].view(b, t1, -1, d).transpose(1, 2) for z in (q, k, v))
+            if shared:
+                kp, vp = kp.index_select(0, group), vp.index_select(0, group)
+            keys, values = torch.cat([kp, kc], dim=2), torch.cat([vp, vc], dim=2)
+            out.append(attention(qc, keys, values, completion_mask, a.scaling, eager)
+                       .transpose(1, 2).reshape(b * t1, heads * d))
+        return torch.cat(out).index_select(0, slots)
+
+    return _layers(base, x, cos, sin, attend)
+
+
+def _embedded(base, flat_ids: torch.Tensor, flat_pos: torch.Tensor):
+    """The embeddings (N, hidden) of a flat batch of tokens, and the rotary cos and sin of their positions,
+    (N, 1, head dim) each."""
+    x = base.embed_tokens(flat_ids).unsqueeze(0)  # (1, N, hidden): every position in one row
+    cos, sin = base.rotary_emb(x, flat_pos.unsqueeze(0))
+    return x[0], cos[0].unsqueeze(1), sin[0].unsqueeze(1)
+
+
+def _prompt_mask(prompt_valid: torch.Tensor) -> torch.Tensor | None:
+    """(P, 1, lp, lp) bool: causal attention over each prompt's tokens, a padded position attending to itself
+    alone; None without padding (plain causal attention)."""
+    if bool(prompt_valid.all()):
+        return None
+    i = torch.arange(prompt_valid.shape[1], device=prompt_valid.device)
+    causal = i[:, None] >= i[None, :]
+    return (causal & (prompt_valid[:, None, :] | (i[:, None] == i[None, :]))).unsqueeze(1)
+
+
+def _layers(base, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+    """The decoder layers and the final norm over a flat batch of positions (N, hidden): every projection and MLP
+    one matmul over all of them; `attend(q, k, v, self_attn)` (N, heads, d) each after the rotary embedding ->
+    (N, heads·d) is the attention, the one part that sees which position belongs to which sequence."""
+    for layer in base.layers:
+        a = layer.self_attn
+        d = a.head_dim
+        h = norm(layer.input_layernorm, x)
+        q = F.linear(h, a.q_proj.weight, a.q_proj.bias).view(-1, a.q_proj.out_features // d, d)  # (N, heads, d)
+        k = F.linear(h, a.k_proj.weight, a.k_proj.bias).view(-1, a.k_proj.out_features // d, d)
+        v = F.linear(h, a.v_proj.weight, a.v_proj.bias).view(-1, a.v_proj.out_features // d, d)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        x = x + F.linear(attend(q, k, v, a), a.o_proj.weight, a.o_proj.bias)
+        x = x + mlp(layer.mlp, norm(layer.post_attention_layernorm, x))
+    return norm(base.norm, x)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,

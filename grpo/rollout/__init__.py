@@ -11,8 +11,9 @@ from grpo.rollout.hf import HFGenerator, sample_next
 
 
 def _hf(model, tokenizer, cfg, all_finished, world_size, run_dir, group) -> Generator:
+    from grpo.precision import resolved
     return HFGenerator(model, tokenizer, all_finished=all_finished, add_special_tokens=not cfg.model.chat_template,
-                       autocast_bf16=cfg.model.autocast_bf16, lean=cfg.rollout.lean_decoding)
+                       autocast_bf16=resolved(cfg.model, model)[0].autocast_bf16, lean=cfg.rollout.lean_decoding)
 
 
 def _vllm(model, tokenizer, cfg, all_finished, world_size, run_dir, group) -> Generator:

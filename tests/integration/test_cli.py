@@ -30,8 +30,12 @@ def test_train_eval_sample(tmp_path, random_model_dir, grpo_cli):
     samples = "samples.jsonl, " if (out / "samples.jsonl").stat().st_size else ""
     assert summary[2].startswith(f"outputs in {out}: model/, metrics.jsonl, {samples}chart.png")
     assert "grpo" in r.stderr  # the progress bar
+    # model.autocast_bf16=auto decided, the run's first line: off for a model under 4 M parameters on any device
+    assert r.stdout.splitlines()[0].startswith("bfloat16 autocast: off (model.autocast_bf16=auto: ")
+    assert "autocast_bf16: auto" in (out / "config.yaml").read_text()  # the run records the setting, not the choice
     r = grpo_cli("eval", f"model.path={out / 'model'}", "eval.size=6", "eval.pass_k=2")
     assert r.returncode == 0, r.stderr
+    assert "bfloat16 autocast: off (model.autocast_bf16=auto: " in r.stderr  # stdout is the JSON report
     report = json.loads(r.stdout)
     assert report["examples"] == 6 and 0 <= report["eval/accuracy"] <= 1 and "eval/pass@2" in report
     r = grpo_cli("sample", f"model.path={out / 'model'}", "--prompt", "Calculate 1 + 1 =", "-n", "3")

@@ -120,6 +120,24 @@ def test_fsdp2_in_one_process_without_torchrun(tmp_path, random_model_dir, one_s
 
 
 @pytest.mark.distributed
+def test_fsdp2_packed_equals_one_process_unpacked(tmp_path, random_model_dir):
+    # compute.packing under FSDP2 on two processes: transformers' full-logits path over one packed row per
+    # micro-batch (position ids restarting at each sequence) gives the unpacked run's figures and weights, in an
+    # update with a signal (the reference, the old log-probs at mu = 2, two mini-batches)
+    from grpo.config import ModelConfig
+    from grpo.models import load_model
+    from grpo.policy import forward_path
+    model, _ = load_model(ModelConfig(path=str(random_model_dir)))
+    assert forward_path(model, sharded=True, share_prompt=True, lean=True, packing=True).packing
+    extra = ["train.steps=1", FULL, "algo.dynamic_sampling=false", "algo.num_iterations=2",
+             "train.steps_per_generation=2", "rewards=[tests.integration.rewards:odd_length]"]
+    grpo_train(tmp_path / "one", random_model_dir, *extra)
+    grpo_train(tmp_path / "fsdp", random_model_dir, *extra, "compute.sharding=fsdp", "compute.packing=true", nproc=2)
+    assert metrics(tmp_path / "one")[1]["grad_norm"] > 0  # an update that trains
+    assert_same(tmp_path / "one", tmp_path / "fsdp", atol=1e-5)
+
+
+@pytest.mark.distributed
 def test_a_checkpoint_the_main_process_cannot_write_stops_every_process(tmp_path, random_model_dir):
     import resource
 
