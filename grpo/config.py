@@ -403,14 +403,15 @@ class ComputeConfig:
                                    "own loop over the model's weights, prompts and completions as one flat batch "
                                    "of positions: the same log-probs as transformers' forward with less overhead. "
                                    "false: always transformers' forward.")
-    packing: bool = opt(False, "Run the training, old-policy and reference forward passes over the attended tokens "
+    packing: bool = opt(True, "Run the training, old-policy and reference forward passes over the attended tokens "
                                "alone, without padding: on the lean forward, the projections, MLPs and output "
                                "projection see each shared prompt once and each completion's own tokens; on "
                                "transformers' forward, the sequences go one after another in one row, positions "
                                "restarting at each. The same log-probs and gradients to float rounding. Where it "
                                "cannot apply (transformers' forward with share_prompt, sliding-window or multimodal "
                                "models, attention other than sdpa or eager) the run says why and runs unpacked "
-                               "(docs/training.md). Off by default until a benchmark shows it faster.")
+                               "(docs/training.md). On long-tailed lengths several times faster and lighter, on "
+                               "uniform ones the same (docs/benchmarks.md); false: always the padded passes.")
     threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0, resume="rounding")
     sharding: Literal["ddp", "fsdp"] = opt("ddp", "With several processes: replicate the model and all-reduce "
                                                   "gradients (ddp), or shard parameters, gradients and optimizer "
