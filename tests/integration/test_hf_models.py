@@ -101,7 +101,10 @@ def test_gradient_checkpointing_changes_memory_not_results(assets, tmp_path):
                       rewards=[_length_reward])
     a = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "plain" / "model").state_dict()
     b = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "gc" / "model").state_dict()
-    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    # the same to float rounding: plain runs the lean forward, checkpointing transformers' (both packed, in
+    # another order of sums); after two AdamW steps at lr 1e-3 the weights differed by at most 3.1e-6 (1.5e-6
+    # unpacked), 0.3 % of one step
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
     assert metrics(tmp_path / "gc")[1]["grad_norm"] > 0
 
 
