@@ -43,6 +43,7 @@ test: setup-vllm $(BIN)/.trackers-installed
 bench: setup
 	$(BIN)/python benchmarks/logprobs_memory.py
 	$(BIN)/python benchmarks/entropy_cost.py
+	$(BIN)/python benchmarks/packing.py
 
 # rollout tokens/s of hf (with and without lean decoding) against vllm, then one whole training step per engine
 bench-vllm: setup-vllm

