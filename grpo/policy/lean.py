@@ -93,20 +93,8 @@ def completion_hidden(model, ids: torch.Tensor, attn: torch.Tensor, position: to
     eager = model.config._attn_implementation == "eager"
 
     def attend(q, k, v, a):
-        d, heads = a.head_dim, q.shape[1]
-        qp, kp, vp = (z[:n_prompt].view(p, lp, -1, d).transpose(1, 2) for z in (q, k, v))
-        if prompt_kv is not None:
-            prompt_kv.append((kp, vp))
-        out = [attention(qp, kp, vp, prompt_mask, a.scaling, eager, causal=prompt_mask is None)
-               .transpose(1, 2).reshape(n_prompt, heads * d)]
-        if t1:
-            qc, kc, vc = (z[n_prompt:].view(b, t1, -1, d).transpose(1, 2) for z in (q, k, v))
-            if shared:
-                kp, vp = kp.index_select(0, group), vp.index_select(0, group)
-            keys, values = torch.cat([kp, kc], dim=2), torch.cat([vp, vc], dim=2)
-            out.append(attention(qc, keys, values, completion_mask, a.scaling, eager)
-                       .transpose(1, 2).reshape(b * t1, heads * d))
-        return torch.cat(out)
+        return _grouped_attention(q, k, v, a, (p, lp, b, t1), group if shared else None, prompt_mask,
+                                  completion_mask, eager, prompt_kv)
 
     x = _layers(base, x, cos, sin, attend)
     last = x[:n_prompt].view(p, lp, -1)[:, -1]  # the last prompt position predicts the first completion token
@@ -140,21 +128,36 @@ def packed_hidden(model, packed) -> torch.Tensor:
     shared = p != b  # else every row is its own prompt: group = arange(B)
 
     def attend(q, k, v, a):
-        d, heads = a.head_dim, q.shape[1]
-        q, k, v = (z.new_zeros(size, z.shape[1], d).index_copy(0, slots, z) for z in (q, k, v))
-        qp, kp, vp = (z[:n_prompt].view(p, lp, -1, d).transpose(1, 2) for z in (q, k, v))
-        out = [attention(qp, kp, vp, prompt_mask, a.scaling, eager, causal=prompt_mask is None)
-               .transpose(1, 2).reshape(n_prompt, heads * d)]
-        if t1:
-            qc, kc, vc = (z[n_prompt:].view(b, t1, -1, d).transpose(1, 2) for z in (q, k, v))
-            if shared:
-                kp, vp = kp.index_select(0, group), vp.index_select(0, group)
-            keys, values = torch.cat([kp, kc], dim=2), torch.cat([vp, vc], dim=2)
-            out.append(attention(qc, keys, values, completion_mask, a.scaling, eager)
-                       .transpose(1, 2).reshape(b * t1, heads * d))
-        return torch.cat(out).index_select(0, slots)
+        q, k, v = (z.new_zeros(size, z.shape[1], a.head_dim).index_copy(0, slots, z) for z in (q, k, v))
+        return _grouped_attention(q, k, v, a, (p, lp, b, t1), group if shared else None, prompt_mask,
+                                  completion_mask, eager).index_select(0, slots)
 
     return _layers(base, x, cos, sin, attend)
+
+
+def _grouped_attention(q, k, v, a, shape: tuple[int, int, int, int], group: torch.Tensor | None,
+                       prompt_mask: torch.Tensor | None, completion_mask: torch.Tensor | None, eager: bool,
+                       prompt_kv: list | None = None) -> torch.Tensor:
+    """Attention over a flat batch laid out as P prompts of lp positions, then B rows of t1 completion positions
+    (`shape` = (P, lp, B, t1); q, k, v (P·lp + B·t1, heads, d) each, after the rotary embedding) -> (P·lp + B·t1,
+    heads·d): the prompts causally among themselves (`prompt_mask`, None: no padding), each completion over its
+    prompt's keys and values (row i's is prompt `group[i]`; None: prompt i) and its own earlier positions
+    (`completion_mask`). `prompt_kv` receives the layer's prompt keys and values."""
+    p, lp, b, t1 = shape
+    n_prompt, d, heads = p * lp, a.head_dim, q.shape[1]
+    qp, kp, vp = (z[:n_prompt].view(p, lp, -1, d).transpose(1, 2) for z in (q, k, v))
+    if prompt_kv is not None:
+        prompt_kv.append((kp, vp))
+    out = [attention(qp, kp, vp, prompt_mask, a.scaling, eager, causal=prompt_mask is None)
+           .transpose(1, 2).reshape(n_prompt, heads * d)]
+    if t1:
+        qc, kc, vc = (z[n_prompt:].view(b, t1, -1, d).transpose(1, 2) for z in (q, k, v))
+        if group is not None:
+            kp, vp = kp.index_select(0, group), vp.index_select(0, group)
+        keys, values = torch.cat([kp, kc], dim=2), torch.cat([vp, vc], dim=2)
+        out.append(attention(qc, keys, values, completion_mask, a.scaling, eager)
+                   .transpose(1, 2).reshape(b * t1, heads * d))
+    return torch.cat(out)
 
 
 def _embedded(base, flat_ids: torch.Tensor, flat_pos: torch.Tensor):
