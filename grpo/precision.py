@@ -13,10 +13,13 @@ import functools
 import platform
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
-from grpo.config import ModelConfig
+# the model section of the config (grpo.config.ModelConfig), not imported: the decision needs only its
+# autocast_bf16 field, and this module stands below the config, beside the modules that build the model
+Section = TypeVar("Section")
 
 # Measured on a 2-core AMD EPYC with AVX-512 BF16 (benchmarks/vs_trl.py, docs/benchmarks.md): a step of the
 # 1.0 M-parameter model took 0.102 s with autocast against 0.091 s without (0.89x), of the 7.9 M one 1.16 s
@@ -75,7 +78,7 @@ def autocast_choice(setting: bool | str, units: str | None, n_params: int, devic
     return True, f"on (model.autocast_bf16=auto: {units}, {size})"
 
 
-def resolved(cfg: ModelConfig, model) -> tuple[ModelConfig, str]:
+def resolved(cfg: Section, model) -> tuple[Section, str]:
     """`cfg` with `autocast_bf16` decided (true or false) for `model` on its device, and the line that says so."""
     device = next(model.parameters()).device.type
     n_params = sum(p.numel() for p in model.parameters())
