@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import resource
 import statistics
@@ -156,15 +155,8 @@ def worker(args) -> None:
 
 
 def machine() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    from vs_trl import machine as cpu  # the CPU's name, as vs_trl writes it
+    return f"{cpu()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
 
 
 def main() -> None:
