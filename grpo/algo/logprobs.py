@@ -185,13 +185,42 @@ def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+# float32 elements of a row block: the kernels below work a chunk's (rows, V) logits a few rows at a time, so that
+# their float32 temporaries (the cast, exp(z - lse), the gradient before its cast) stay in the CPU's cache instead
+# of being fresh allocations of the whole chunk. On a 2-core EPYC, 1024 positions of SmolLM2's 49 k vocabulary:
+# log-sum-exp and entropy 68 ms in blocks of 16 rows against 382 ms at once. Each row's arithmetic is the same.
+_BLOCK_ELEMENTS = 1 << 19
+
+
+def _blocks(rows: int, vocab: int):
+    """(start, end) of the row blocks of a (rows, vocab) chunk."""
+    step = max(1, _BLOCK_ELEMENTS // max(vocab, 1))
+    return ((s, min(s + step, rows)) for s in range(0, rows, step))
+
+
 def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: torch.Tensor | None = None,
                    truncation: tuple | None = None, outk: torch.Tensor | None = None,
                    lse_k: torch.Tensor | None = None):
     """This chunk's log-probs and log-sum-exp; with `ent` (a slice of the output), its entropies written there:
     H = lse − Σ p·z, the form TRL and verl use. With `truncation`, ℓ^K written into `outk` and the log-sum-exp
-    over K into `lse_k`."""
-    z = z.to(_acc(z.dtype)) / temperature  # (c, V) in float32, one chunk only
+    over K into `lse_k`. Row block by row block (`_blocks`)."""
+    acc = _acc(z.dtype)
+    logp, lse = z.new_empty(z.shape[0], dtype=acc), z.new_empty(z.shape[0], dtype=acc)
+    for s, e in _blocks(*z.shape):
+        logp[s:e], lse[s:e] = _block_forward(z[s:e], tgt[s:e], temperature, None if ent is None else ent[s:e],
+                                             truncation, None if outk is None else outk[s:e],
+                                             None if lse_k is None else lse_k[s:e])
+    return logp, lse
+
+
+def _scaled(z: torch.Tensor, temperature: float) -> torch.Tensor:
+    """z / temperature in at least float32, a new tensor."""
+    z = z.to(_acc(z.dtype), copy=True)
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
+def _block_forward(z, tgt, temperature, ent, truncation, outk, lse_k):
+    z = _scaled(z, temperature)  # (rows, V) in float32, one block only
     lse = torch.logsumexp(z, dim=-1)
     if ent is not None:
         ent.copy_(lse - (torch.exp(z - lse.unsqueeze(-1)) * z).sum(-1))
@@ -220,11 +249,22 @@ def _buffer(n: int, like: torch.Tensor, dtype: torch.dtype, wanted: bool) -> tor
 
 def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.Tensor | None, temperature: float,
                g_ent: torch.Tensor | None = None, ent: torch.Tensor | None = None, g_k: torch.Tensor | None = None,
-               lse_k: torch.Tensor | None = None, truncation: tuple | None = None):
-    """Gradient of Σ g·logp + Σ g_ent·H + Σ g_k·ℓ^K with respect to this chunk's logits z, in float32 (a None
-    gradient: 0; g_ent None: the entropies unused): ∂logp/∂z = (1[target] − p)/T, ∂H/∂z = −p ⊙ (log p + H)/T,
-    ∂ℓ^K/∂z = (1[target] − p^K)/T with p^K the softmax over K (0 outside it)."""
-    zs = z.to(_acc(z.dtype)) / temperature
+               lse_k: torch.Tensor | None = None, truncation: tuple | None = None, out: torch.Tensor | None = None):
+    """Gradient of Σ g·logp + Σ g_ent·H + Σ g_k·ℓ^K with respect to this chunk's logits z, computed in float32 (a
+    None gradient: 0; g_ent None: the entropies unused): ∂logp/∂z = (1[target] − p)/T, ∂H/∂z = −p ⊙ (log p + H)/T,
+    ∂ℓ^K/∂z = (1[target] − p^K)/T with p^K the softmax over K (0 outside it). Written into `out` (cast to its
+    dtype), row block by row block; `out` None: a new float32 tensor."""
+    if out is None:
+        out = z.new_empty(z.shape, dtype=_acc(z.dtype))
+    rows = lambda x, s, e: None if x is None else x[s:e]  # noqa: E731
+    for s, e in _blocks(*z.shape):
+        out[s:e] = _block_grad(z[s:e], tgt[s:e], lse[s:e], rows(g, s, e), temperature, rows(g_ent, s, e),
+                               rows(ent, s, e), rows(g_k, s, e), rows(lse_k, s, e), truncation)
+    return out
+
+
+def _block_grad(z, tgt, lse, g, temperature, g_ent, ent, g_k, lse_k, truncation):
+    zs = _scaled(z, temperature)
     weight = None  # the factor of −p
     if g_ent is not None:
         weight = g_ent.unsqueeze(-1) * (zs - lse.unsqueeze(-1) + ent.unsqueeze(-1))
@@ -241,7 +281,7 @@ def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.
         picked = g_k if picked is None else picked + g_k
     if picked is not None:
         grad.scatter_add_(-1, tgt.unsqueeze(-1), picked.unsqueeze(-1))
-    return grad.div_(temperature)
+    return grad if temperature == 1.0 else grad.div_(temperature)
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
@@ -269,9 +309,9 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], ctx.chunk_size):
             e = s + ctx.chunk_size
-            grad[s:e] = _chunk_grad(logits[s:e], targets[s:e], lse[s:e], _part(grad_out, s, e, lse),
-                                    ctx.temperature, _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent),
-                                    _part(grad_outk, s, e, lse), _part(lse_k, s, e, lse, grad_outk), ctx.truncation)
+            _chunk_grad(logits[s:e], targets[s:e], lse[s:e], _part(grad_out, s, e, lse), ctx.temperature,
+                        _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent), _part(grad_outk, s, e, lse),
+                        _part(lse_k, s, e, lse, grad_outk), ctx.truncation, out=grad[s:e])
         return grad, None, None, None, None, None
 
 
@@ -310,10 +350,11 @@ class _HiddenLogprobs(torch.autograd.Function):
             for s in range(0, hidden.shape[0], ctx.chunk_size):
                 e = s + ctx.chunk_size
                 h = hidden[s:e].to(dtype)
-                dz = _chunk_grad(h @ w.T, targets[s:e], lse[s:e], _part(grad_out, s, e, lse), ctx.temperature,
+                z = h @ w.T
+                dz = _chunk_grad(z, targets[s:e], lse[s:e], _part(grad_out, s, e, lse), ctx.temperature,
                                  _part(grad_ent, s, e, lse), _part(ent, s, e, lse, grad_ent),
-                                 _part(grad_outk, s, e, lse), _part(lse_k, s, e, lse, grad_outk), ctx.truncation)
-                dz = dz.to(dtype)
+                                 _part(grad_outk, s, e, lse), _part(lse_k, s, e, lse, grad_outk), ctx.truncation,
+                                 out=z)  # written over the logits it is computed from, block by block, in dtype
                 if grad_h is not None:
                     grad_h[s:e] = dz @ w
                 if grad_w is not None:
