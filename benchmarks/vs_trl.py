@@ -80,6 +80,16 @@ CASES = {
                          warmup=1, measured=2, repeats=1,
                          runners=["grpo default", "trl fp32", "trl fp32 no-ckpt", "trl bf16", "grpo packing off"]),
 }
+# where bfloat16 autocast starts to pay (grpo/precision.py BF16_MIN_PARAMS): ours in float32 and under autocast on
+# one shape, P=8 x G=8 x T=32 (the 8m case's), the model growing from 1.0 M to 7.9 M parameters (width and depth;
+# the character vocabulary, head size 32); run on a CPU with bfloat16 units
+#     python benchmarks/vs_trl.py --cases size_1.0m,size_2.0m,size_3.3m,size_4.4m,size_5.9m,size_7.9m \
+#         --out benchmarks/results/bf16_threshold
+for _name, _hidden, _layers in [("1.0m", 128, 4), ("2.0m", 128, 8), ("3.3m", 192, 6), ("4.4m", 192, 8),
+                                ("5.9m", 256, 6), ("7.9m", 256, 8)]:
+    CASES[f"size_{_name}"] = dict(P=8, G=8, T=32, vocab=0, hidden=_hidden, intermediate=4 * _hidden, layers=_layers,
+                                  heads=_hidden // 32, kv_heads=_hidden // 64, warmup=2, measured=6, repeats=3,
+                                  runners=["grpo fp32", "grpo bf16"])
 RUNNERS = {
     # name: (trainer, bf16, attention kernel; "" = the trainer's default). Ours picks eager attention itself with
     # bf16 autocast on CPU (PyTorch's CPU flash-attention backward is slow in bfloat16); TRL keeps transformers'
@@ -442,6 +452,11 @@ def markdown(res: dict) -> str:
                          f"({s['ours']} against {s['trl']}; {s['ratio_to_fastest_any']:.2f}× against "
                          f"{s['trl_fastest_any']}); peak memory {m['ours']} / {m['trl']} = **{m['ratio']:.2f}** "
                          f"({m['ratio_to_lightest_trl']:.2f} of TRL's lighter setting).")
+        ours = c["runners"]
+        if "grpo fp32" in ours and "grpo bf16" in ours:
+            gain = ours["grpo fp32"]["seconds_per_step"] / ours["grpo bf16"]["seconds_per_step"]
+            lines.append(f"- {name}: with bfloat16 autocast a step of ours is **{gain:.2f}×** as fast as in float32 "
+                         f"({c['model']['params'] / 1e6:.2f} M parameters).")
     return "\n".join(lines) + "\n"
 
 

@@ -86,7 +86,7 @@ class ModelConfig:
     autocast_bf16: bool | Literal["auto"] = opt(
         "auto", "Run forward passes under bfloat16 autocast (weights stay in model.dtype). auto: on where the "
                 "device has native bfloat16 matrix units (a GPU that supports bfloat16, a CPU with AMX, AVX-512 BF16 "
-                "or Arm BF16) and the model has at least 4 M parameters, off elsewhere (emulated bfloat16 is slower "
+                "or Arm BF16) and the model has at least 1.5 M parameters, off elsewhere (emulated bfloat16 is slower "
                 "than float32); the run's first line says which and why (docs/training.md).")
     gradient_checkpointing: bool = opt(False, "Recompute activations in the backward pass to save memory.",
                                        resume="rounding")

@@ -21,11 +21,12 @@ import torch
 # autocast_bf16 field, and this module stands below the config, beside the modules that build the model
 Section = TypeVar("Section")
 
-# Measured on a 2-core AMD EPYC with AVX-512 BF16 (benchmarks/vs_trl.py, docs/benchmarks.md): a step of the
-# 1.0 M-parameter model took 0.102 s with autocast against 0.091 s without (0.89x), of the 7.9 M one 1.16 s
-# against 1.64 s (1.41x), of the 12.1 M one 11.9 against 15.0 s (1.25x), of SmolLM2-135M 2.19x against 1.45x
-# TRL's best. The threshold lies between the first two.
-BF16_MIN_PARAMS = 4_000_000
+# Measured on a 2-core AMD EPYC with AVX-512 BF16, one step shape (8 x 8 x 32) and models from 1.0 to 7.9 M
+# parameters, 3 alternating runs each (benchmarks/vs_trl.py --cases size_*, benchmarks/results/bf16_threshold.md):
+# autocast made a step 0.93x as fast at 1.0 M, 1.09x at 2.0 M, then 1.27-1.54x at 3.3, 4.4, 5.9 and 7.9 M (and
+# 1.25x at 12.1 M with a 32 k vocabulary, 2.19x against 1.45x TRL's best on SmolLM2-135M). The crossing lies
+# between 1.0 and 2.0 M (about 1.4 M by linear interpolation).
+BF16_MIN_PARAMS = 1_500_000
 
 
 @functools.cache

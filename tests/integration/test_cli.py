@@ -30,7 +30,7 @@ def test_train_eval_sample(tmp_path, random_model_dir, grpo_cli):
     samples = "samples.jsonl, " if (out / "samples.jsonl").stat().st_size else ""
     assert summary[2].startswith(f"outputs in {out}: model/, metrics.jsonl, {samples}chart.png")
     assert "grpo" in r.stderr  # the progress bar
-    # model.autocast_bf16=auto decided, the run's first line: off for a model under 4 M parameters on any device
+    # model.autocast_bf16=auto decided, the run's first line: off for a model under 1.5 M parameters on any device
     assert r.stdout.splitlines()[0].startswith("bfloat16 autocast: off (model.autocast_bf16=auto: ")
     assert "autocast_bf16: auto" in (out / "config.yaml").read_text()  # the run records the setting, not the choice
     r = grpo_cli("eval", f"model.path={out / 'model'}", "eval.size=6", "eval.pass_k=2")

@@ -23,7 +23,7 @@ def test_auto_is_on_only_with_units_and_a_large_enough_model():
     on, why = autocast_choice("auto", "AMX", 135_000_000, "cpu")
     assert on and why == "on (model.autocast_bf16=auto: AMX, 135.0 M parameters)"
     on, why = autocast_choice("auto", "AMX", BF16_MIN_PARAMS - 1, "cpu")
-    assert not on and "under the 4 M from which bfloat16 pays on AMX" in why
+    assert not on and "under the 1.5 M from which bfloat16 pays on AMX" in why
     assert autocast_choice("auto", "AMX", BF16_MIN_PARAMS, "cpu")[0]
     on, why = autocast_choice("auto", None, 10**9, "cpu")
     assert not on and "this CPU has no AMX, AVX-512 BF16 or Arm BF16, so bfloat16 would be emulated" in why
