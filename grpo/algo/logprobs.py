@@ -198,6 +198,11 @@ def _blocks(rows: int, vocab: int):
     return ((s, min(s + step, rows)) for s in range(0, rows, step))
 
 
+def _rows(x: torch.Tensor | None, s: int, e: int) -> torch.Tensor | None:
+    """Rows s:e of an optional per-row tensor (a view, so a kernel's writes land in `x`)."""
+    return None if x is None else x[s:e]
+
+
 def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: torch.Tensor | None = None,
                    truncation: tuple | None = None, outk: torch.Tensor | None = None,
                    lse_k: torch.Tensor | None = None):
@@ -207,9 +212,8 @@ def _chunk_forward(z: torch.Tensor, tgt: torch.Tensor, temperature: float, ent: 
     acc = _acc(z.dtype)
     logp, lse = z.new_empty(z.shape[0], dtype=acc), z.new_empty(z.shape[0], dtype=acc)
     for s, e in _blocks(*z.shape):
-        logp[s:e], lse[s:e] = _block_forward(z[s:e], tgt[s:e], temperature, None if ent is None else ent[s:e],
-                                             truncation, None if outk is None else outk[s:e],
-                                             None if lse_k is None else lse_k[s:e])
+        logp[s:e], lse[s:e] = _block_forward(z[s:e], tgt[s:e], temperature, _rows(ent, s, e), truncation,
+                                             _rows(outk, s, e), _rows(lse_k, s, e))
     return logp, lse
 
 
@@ -256,10 +260,9 @@ def _chunk_grad(z: torch.Tensor, tgt: torch.Tensor, lse: torch.Tensor, g: torch.
     dtype), row block by row block; `out` None: a new float32 tensor."""
     if out is None:
         out = z.new_empty(z.shape, dtype=_acc(z.dtype))
-    rows = lambda x, s, e: None if x is None else x[s:e]  # noqa: E731
     for s, e in _blocks(*z.shape):
-        out[s:e] = _block_grad(z[s:e], tgt[s:e], lse[s:e], rows(g, s, e), temperature, rows(g_ent, s, e),
-                               rows(ent, s, e), rows(g_k, s, e), rows(lse_k, s, e), truncation)
+        out[s:e] = _block_grad(z[s:e], tgt[s:e], lse[s:e], _rows(g, s, e), temperature, _rows(g_ent, s, e),
+                               _rows(ent, s, e), _rows(g_k, s, e), _rows(lse_k, s, e), truncation)
     return out
 
 

@@ -136,3 +136,31 @@ def test_from_hidden_never_builds_full_logits():
 def test_bad_input_names_the_argument(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
         call()
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_row_blocks_change_no_bit(monkeypatch, temperature):
+    """The kernels work a chunk a few rows at a time (`_BLOCK_ELEMENTS`); blocks of 2 rows with a ragged last one
+    give the same log-probs, entropies, ℓ^K and gradients, bit for bit, as one block for the whole chunk."""
+    from grpo.algo import logprobs
+
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(2, 9, 8), torch.randn(40, 8)
+    logits = torch.randn(2, 9, 40)
+    targets = torch.randint(0, 40, (2, 9))
+    w = torch.randn(3, 2, 9)
+
+    def run():
+        h, wt, z = (x.clone().requires_grad_() for x in (hidden, weight, logits))
+        outs = [*token_logprobs_from_hidden(h, wt, targets, temperature=temperature, chunk_size=7, entropy=True,
+                                            truncation=(5, 0.9)),
+                *token_logprobs(z, targets, temperature=temperature, chunk_size=7, entropy=True,
+                                truncation=(5, 0.9))]
+        sum((o * w[i % 3]).sum() for i, o in enumerate(outs)).backward()
+        return [o.detach() for o in outs] + [h.grad, wt.grad, z.grad]
+
+    whole = run()  # 40 columns: every chunk of 7 rows is one block
+    monkeypatch.setattr(logprobs, "_BLOCK_ELEMENTS", 2 * 40)
+    assert list(logprobs._blocks(7, 40)) == [(0, 2), (2, 4), (4, 6), (6, 7)]
+    for a, b in zip(whole, run(), strict=True):
+        assert torch.equal(a, b)
