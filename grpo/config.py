@@ -104,6 +104,9 @@ class ModelConfig:
     chat_template_kwargs: dict[str, Any] = opt({}, "Extra keyword arguments of the tokenizer's apply_chat_template "
                                                    "wherever prompts are rendered (single turn and tools), e.g. "
                                                    "{enable_thinking: false} for Qwen3's template.")
+    freeze_vision: bool = opt(True, "A vision-language model's vision tower (and its projector into the language "
+                                    "model) is not trained: only the language model learns, and LoRA adapts only "
+                                    "its layers (docs/vision.md).")
     logprob_chunk_size: int = opt(1024, "Positions per chunk when log-probs are computed from hidden states "
                                         "(the full logits tensor is never built).", ge=1)
 
@@ -124,17 +127,21 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    task: Literal["arithmetic", "linear", "mixed", "products", "stories", "functions"] = opt(
+    task: Literal["arithmetic", "linear", "mixed", "products", "stories", "functions", "shapes"] = opt(
         "mixed", "Built-in task: 'arithmetic' (Calculate 2 + 2 * 6 =), 'linear' (Solve y = 2x + 1 for x = 2, y =), "
                  "'mixed' (both), 'products' (Calculate 347 * 2918, the tool task of docs/tools.md), 'stories' "
                  "(Mia has 7 apples. She buys 5 more. How many apples does Mia have now?, one-step word problems "
                  "for a real model, docs/smollm2.md) or 'functions' (Write a Python function `add_7(x)` that "
-                 "returns x plus 7., with tests for the code reward, docs/smollm2.md). Ignored when data.path is "
-                 "set.")
+                 "returns x plus 7., with tests for the code reward, docs/smollm2.md) or 'shapes' (a picture of "
+                 "coloured squares: How many red squares?, for the bundled vision model, docs/vision.md). Ignored "
+                 "when data.path is set.")
     path: str = opt("", "A data set instead of a built-in task: a local .jsonl/.json/.parquet/.csv file or a "
                         "directory of them, or a Hugging Face Hub dataset name.")
     prompt_column: str = opt("prompt", "Column holding the prompt: text, or a conversation (a list of "
                                        "{role, content} messages, rendered through the chat template).")
+    image_column: str = opt("images", "Column holding each prompt's images, if the data has it (a vision-language "
+                                      "model's: one image or a list; PIL images, file paths or bytes; "
+                                      "docs/vision.md).")
     answer_column: str = opt("answer", "Column holding the reference answer, if the data has one (the built-in "
                                        "rewards compare with it); it reaches the reward functions as `answer` and "
                                        "under its own name, every other column under its own name.")

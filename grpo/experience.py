@@ -46,6 +46,8 @@ class Experience(Rows):
     episodes: list | None = column("items", default=None)
     # (N,) long: the weight version that sampled each row (`grpo.rollout.Rollout.version`); None where not reported
     version: torch.Tensor | None = column("rows", default=None)
+    # one `grpo.vision.Images` per row (None: none), sliced with the rows for every forward; None: no images
+    images: list | None = column("items", default=None)
 
     def __post_init__(self):
         n, t = self.completion_ids.shape
@@ -85,7 +87,7 @@ class Experience(Rows):
         return cls(rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids, rollout.completion_mask,
                    loss_mask, advantages.to(device=device, dtype=torch.float32), rollout.sampler_logp, rewards,
                    per_fn, group, list(examples), rollout.texts, rollout.truncated, all_rewards, dict(stats or {}),
-                   rollout.episodes, rollout.version)
+                   rollout.episodes, rollout.version, rollout.images)
 
 
 def trained_tokens(rollout: Rollout, mask_truncated: bool, rewards: torch.Tensor | None = None) -> torch.Tensor:

@@ -29,6 +29,7 @@ from grpo.algo.entropy import QUARTERS, position_quarters, quarter_counts, quart
 from grpo.distributed import Dist, no_sync
 from grpo.experience import Experience
 from grpo.policy import inference
+from grpo.vision import join
 
 
 @dataclass
@@ -158,9 +159,10 @@ def _mb_logprobs(learner: Learner, module, exp: Experience, rows, pcols, ccols, 
                  ratio: bool = False):
     """A micro-batch's (log-probs, entropies or None, log-probs of the ratio or None): the last, with `ratio`
     and truncated sampling, renormalised over the sampler's kept set (SPEC 14.12); None when they are the first."""
+    images = {} if exp.images is None else join(exp.images[rows], exp.completion_ids.device)  # with their rows
     out = module(exp.prompt_ids[rows, pcols], exp.prompt_mask[rows, pcols], exp.completion_ids[rows, ccols],
                  exp.completion_mask[rows, ccols], temperature=learner.temperature, chunk_size=learner.chunk_size,
-                 entropy=entropy, truncation=learner.truncation if ratio else None)
+                 entropy=entropy, truncation=learner.truncation if ratio else None, images=images or None)
     out = out if isinstance(out, tuple) else (out,)
     # (logp, [H], [ℓ^K]): the last is there only when something was truncated
     return out[0], out[1] if entropy else None, out[-1] if len(out) > 1 + entropy else None

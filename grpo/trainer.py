@@ -509,6 +509,10 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
                         autocast_bf16=m.autocast_bf16, packing=c.packing)
     packing = "" if path.packing or not c.packing else "compute.packing: the forward passes run unpacked: " + \
         packing_unavailable(policy, share_prompt=path.share_prompt, lean=path.lean)
+    if path.multimodal:  # what does not apply to a vision-language model, said once
+        packing = ("a vision-language model: every forward pass runs each row in full through the whole model, its "
+                   "images and multimodal positions included (compute.packing, compute.share_prompt and "
+                   "compute.lean_forward do not apply; docs/vision.md)")
     # the reference is the initial policy (before any resume or sharding), frozen; with LoRA, the same model
     # with its adapter disabled
     reference, reference_copy = None, None

@@ -25,7 +25,8 @@ class SingleTurn:
     def rollout(self, generator: Generator, examples: Sequence[Example], sampling: Sampling,
                 seeds: Sequence[int] | None = None) -> Rollout:
         # the generator's loss mask is its completion mask: nothing here is inserted by the environment
-        return generator.generate([self.render(prompt_of(e)) for e in examples], sampling, seeds)
+        return generator.generate([self.render(prompt_of(e), e.images) if e.images else self.render(prompt_of(e))
+                                   for e in examples], sampling, seeds)
 
 
 def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
@@ -33,7 +34,9 @@ def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
     `chat_template_kwargs`). A text prompt goes as is, or, with `chat_template` on, as a user message through the
     tokenizer's chat template; a conversation (TRL's conversational format) always goes through the template,
     `system_prompt` placed first when it has no system message. Both end with the generation prompt, also after a
-    final assistant message (not continued: TRL's GRPOTrainer renders its prompts so)."""
+    final assistant message (not continued: TRL's GRPOTrainer renders its prompts so). `render(prompt, images)`
+    with images gives a `grpo.vision.VisionPrompt`: the images then the text in one user message, through the
+    template."""
     kwargs = dict(getattr(cfg, "chat_template_kwargs", None) or {})
     system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
     if cfg.chat_template and not getattr(tokenizer, "chat_template", None):
@@ -43,7 +46,16 @@ def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
     def template(messages: list[dict]) -> str:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
-    def render(prompt: Prompt) -> str:
+    def render(prompt: Prompt, images: tuple = ()):
+        if images:  # a `grpo.vision.VisionPrompt`: always through the template, which writes the placeholders
+            from grpo.vision import VisionPrompt, image_messages
+            if not getattr(tokenizer, "chat_template", None):
+                raise DataError("the prompts have images, which a vision-language model's chat template places; this "
+                                "tokenizer has no chat template")
+            if not isinstance(prompt, str):
+                raise DataError("a conversational prompt with an image column is not supported yet: give the prompt "
+                                "as text (its images are shown before it in one user message)")
+            return VisionPrompt(template(system + image_messages(prompt, images)), tuple(images))
         if not isinstance(prompt, str):
             if not getattr(tokenizer, "chat_template", None):
                 raise DataError("the prompts are conversations (lists of messages), which are rendered through the "

@@ -38,6 +38,7 @@ from grpo.algo import token_logprobs, token_logprobs_from_hidden
 from grpo.policy import lean as lean_layers
 from grpo.policy.context import is_checkpointing
 from grpo.policy.inputs import PackedInputs, model_inputs, packed_inputs
+from grpo.vision import is_multimodal, mask_placeholders, placeholder_ids
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,18 @@ class ForwardPath:
     lean: bool = False
     autocast_bf16: bool = False
     packing: bool = False
+    # a vision-language model: every row in full through the whole model (its vision tower and multimodal
+    # positions), full logits with the image placeholders masked out; the fused, lean, shared-prompt and packed
+    # paths do not apply
+    multimodal: bool = False
 
 
 def forward_path(model, *, sharded: bool = False, share_prompt: bool = False, lean: bool = False,
                  autocast_bf16: bool = False, packing: bool = False) -> ForwardPath:
     """The one decision of how log-probs of `model` are computed: the options asked for, where the model allows
     them. `sharded`: the parameters are (or will be) FSDP2 shards."""
+    if is_multimodal(model):  # the image inputs go through the whole model's forward (docs/vision.md)
+        return ForwardPath(fused=False, autocast_bf16=autocast_bf16, multimodal=True)
     fused = not sharded and fusable(model)
     share_prompt = share_prompt and not sharded and not is_checkpointing(model)
     lean = fused and lean and lean_layers.supported_for_training(model)
@@ -115,13 +122,18 @@ def prompt_groups(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[
 def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_ids: torch.Tensor,
                         completion_mask: torch.Tensor, *, temperature: float, chunk_size: int,
                         path: ForwardPath | None = None, entropy: bool = False,
-                        truncation: tuple[int, float] | None = None):
+                        truncation: tuple[int, float] | None = None, images: dict | None = None):
     """(B, T) log-probs of `completion_ids` given the prompts, from logits / temperature (float32), computed
     as `path` says (None: `forward_path(model)`, fused where the model allows, nothing else). The caller
     enters autocast; `path.autocast_bf16` is `LogprobModule`'s to apply. `entropy=True`: (log-probs, the
     policy's entropy at each of those positions), the latter from the same chunks. `truncation=(top_k, top_p)`:
-    also, last, the log-probs renormalised over the sampler's kept set (SPEC 14.12; `grpo.algo.token_logprobs`)."""
+    also, last, the log-probs renormalised over the sampler's kept set (SPEC 14.12; `grpo.algo.token_logprobs`).
+    `images`: the rows' image tensors (`grpo.vision.join`), for a vision-language model."""
     path = path or forward_path(model)
+    if path.multimodal:
+        return _multimodal_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, images,
+                                    temperature=temperature, chunk_size=chunk_size, entropy=entropy,
+                                    truncation=truncation)
     if path.packing:
         return _packed_logprobs(model, path, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                 temperature=temperature, chunk_size=chunk_size, entropy=entropy, truncation=truncation)
@@ -151,6 +163,21 @@ def completion_logprobs(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                                           temperature=temperature, chunk_size=chunk_size, matmul_dtype=dtype,
                                           entropy=entropy, truncation=truncation)
     logits = model(**inputs.forward_kwargs(), logits_to_keep=t).logits  # (B, T, V)
+    return token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size, entropy=entropy,
+                          truncation=truncation)
+
+
+def _multimodal_logprobs(model, prompt_ids, prompt_mask, completion_ids, completion_mask, images, *,
+                         temperature: float, chunk_size: int, entropy: bool, truncation):
+    """`completion_logprobs` of a vision-language model: its whole forward over the rows with their images and
+    positions (`model_inputs`), the logits of the completion positions with the placeholders masked as the
+    generator masks them, so that the policy the trainer computes is the one that sampled."""
+    t = completion_ids.shape[1]
+    inputs = model_inputs(torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1),
+                          torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1), images, model)
+    logits = model(**inputs.forward_kwargs(), logits_to_keep=t).logits  # (B, T, V)
+    banned = placeholder_ids(model)
+    logits = mask_placeholders(logits, torch.tensor(banned, device=logits.device) if banned else None)
     return token_logprobs(logits, completion_ids, temperature=temperature, chunk_size=chunk_size, entropy=entropy,
                           truncation=truncation)
 
@@ -226,7 +253,8 @@ class LogprobModule(torch.nn.Module):
         self.train_mode = train_mode
 
     def forward(self, prompt_ids, prompt_mask, completion_ids, completion_mask, *, temperature: float,
-                chunk_size: int, entropy: bool = False, truncation: tuple[int, float] | None = None):
+                chunk_size: int, entropy: bool = False, truncation: tuple[int, float] | None = None,
+                images: dict | None = None):
         with contextlib.ExitStack() as stack:
             if self.adapter_off:
                 stack.enter_context(self.model.disable_adapter())
@@ -237,4 +265,4 @@ class LogprobModule(torch.nn.Module):
                 stack.callback(self.model.eval)
             return completion_logprobs(self.model, prompt_ids, prompt_mask, completion_ids, completion_mask,
                                        temperature=temperature, chunk_size=chunk_size, path=self.path,
-                                       entropy=entropy, truncation=truncation)
+                                       entropy=entropy, truncation=truncation, images=images)

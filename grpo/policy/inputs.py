@@ -6,12 +6,13 @@ position ids from here: each token's position counts the attended tokens before 
 row's positions (a padding position gets 0, which nothing attends to). `packed_inputs` makes the packed form of
 the same batch (`compute.packing`): only the attended tokens, sequence after sequence, each with the position
 `model_inputs` gives it, so positions restart at each sequence's start. What later changes how positions are made
-changes this module alone: multimodal rotary positions (a vision-language model's three position axes, from its
-image and video grids).
+changes this module alone: a vision-language model's rows (`images`: their pixel values and image grids) take the
+three-axis rotary positions of the Qwen2-VL family from the model's own `get_rope_index` (`grpo.vision`), and
+travel in the forward's keyword arguments.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -20,22 +21,34 @@ import torch
 class ModelInputs:
     input_ids: torch.Tensor       # (B, L)
     attention_mask: torch.Tensor  # (B, L) 1 on the tokens attended to
-    position_ids: torch.Tensor    # (B, L)
+    position_ids: torch.Tensor    # (B, L), or (3, B, L): a Qwen2-VL-family model's rotary axes
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # pixel_values, image_grid_thw (`grpo.vision`)
 
     @property
     def next_position(self) -> torch.Tensor:
-        """(B,) the position of a token appended to each row (the first decoding step's)."""
+        """(B,) the position of a token appended to each row (the first decoding step's): one past the largest
+        (on every axis: text after images goes on one apart on all three)."""
+        if self.position_ids.dim() == 3:
+            return self.position_ids.amax(dim=(0, 2)) + 1
         return self.attention_mask.sum(-1)
 
     def forward_kwargs(self) -> dict[str, torch.Tensor]:
         """The keyword arguments of a transformers forward."""
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "position_ids": self.position_ids}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "position_ids": self.position_ids,
+                **self.images}
 
 
-def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelInputs:
+def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, images: dict | None = None,
+                 model=None) -> ModelInputs:
     """The forward inputs of (B, L) rows of tokens and their attention mask (left-padded prompts, then any
-    completion tokens, right-padded)."""
-    return ModelInputs(input_ids, attention_mask, (attention_mask.cumsum(-1) - 1).clamp(min=0))
+    completion tokens, right-padded). `images`: the rows' image tensors (`grpo.vision.join`), with the `model`
+    whose positions they decide."""
+    position = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    if images:
+        from grpo.vision import rope_positions
+        rope = rope_positions(model, input_ids, attention_mask, images.get("image_grid_thw"))
+        position = position if rope is None else rope
+    return ModelInputs(input_ids, attention_mask, position, dict(images or {}))
 
 
 @dataclass(frozen=True)

@@ -11,18 +11,36 @@ from grpo.rollout.hf import HFGenerator, sample_next
 
 
 def _hf(model, tokenizer, cfg, all_finished, world_size, run_dir, group) -> Generator:
+    from grpo.models import resolve_model_path
     from grpo.precision import resolved
+    from grpo.vision import image_prompts_for, is_multimodal
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    images = image_prompts_for(base, tokenizer, resolve_model_path(cfg.model.path)
+                               if is_multimodal(base) and not getattr(base, "name_or_path", "") else None)
     return HFGenerator(model, tokenizer, all_finished=all_finished, add_special_tokens=not cfg.model.chat_template,
-                       autocast_bf16=resolved(cfg.model, model)[0].autocast_bf16, lean=cfg.rollout.lean_decoding)
+                       autocast_bf16=resolved(cfg.model, model)[0].autocast_bf16, lean=cfg.rollout.lean_decoding,
+                       image_prompts=images)
+
+
+def _text_only(model, backend: str) -> None:
+    from grpo.errors import ConfigError
+    from grpo.vision import is_multimodal
+
+    if is_multimodal(model):
+        raise ConfigError(f"rollout.backend={backend}: images are not passed to vLLM yet; a vision-language model "
+                          "samples with rollout.backend=hf (docs/vision.md)")
 
 
 def _vllm(model, tokenizer, cfg, all_finished, world_size, run_dir, group) -> Generator:
+    _text_only(model, "vllm")
     from grpo.rollout.vllm_colocate import VLLMGenerator
     return VLLMGenerator(model, tokenizer, vllm_cfg=cfg.vllm, dtype=cfg.model.dtype, seed=cfg.train.seed,
                          add_special_tokens=not cfg.model.chat_template, distributed=world_size > 1)
 
 
 def _vllm_server(model, tokenizer, cfg, all_finished, world_size, run_dir, group) -> Generator:
+    _text_only(model, "vllm_server")
     from grpo.rollout.vllm_server import VLLMServerGenerator
     return VLLMServerGenerator(model, tokenizer, cfg=cfg, add_special_tokens=not cfg.model.chat_template,
                                run_dir=run_dir, group=group)

@@ -84,9 +84,14 @@ class Rollout(Rows):
     # (N,) long: the weight version of the generator that sampled the row (`Generator.version`: 0 as built, one
     # more after every `sync_weights`; an episode of several turns: its first turn's); None where not reported
     version: torch.Tensor | None = column("rows", default=None)
+    # one `grpo.vision.Images` per row (None for a row without images): its prompt's image tensors, which every
+    # forward over the row takes with it; None when no prompt has images
+    images: list | None = column("items", default=None)
 
     def __post_init__(self):
         n, t = self.completion_ids.shape
+        if self.images is not None and len(self.images) != n:
+            raise ValueError(f"Rollout has {n} completions but {len(self.images)} image entries")
         if self.loss_mask is None:
             self.loss_mask = self.completion_mask.clone()
         check_shapes("Rollout", {k: getattr(self, k) for k in ("completion_mask", "loss_mask", "sampler_logp")},

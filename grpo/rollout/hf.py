@@ -30,7 +30,9 @@ from grpo.policy.context import inference
 from grpo.policy.inputs import model_inputs
 from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompts, prompt_limits, prompt_seeds,
                                stop_text, stop_tokens)
+from grpo.errors import DataError
 from grpo.rollout.lean_decoding import LeanDecoding
+from grpo.vision import Images, join, mask_placeholders
 
 
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -92,12 +94,14 @@ class HFGenerator:
 
     def __init__(self, model, tokenizer, *, max_batch_prompts: int = 256,
                  all_finished: Callable[[bool], bool] | None = None, add_special_tokens: bool = True,
-                 autocast_bf16: bool = False, lean: bool = True):
+                 autocast_bf16: bool = False, lean: bool = True, image_prompts=None):
         """`lean`: decode with `grpo.rollout.lean_decoding` where the architecture allows (same logits, less
         overhead per step); otherwise, and always when False, with the model's own forward.
         `all_finished(done)`: with several processes whose forward passes are collective (FSDP), True only
         when every process's batch is done, so all of them run the same number of decoding steps.
-        `add_special_tokens=False` for prompts already rendered by a chat template (which adds BOS itself)."""
+        `add_special_tokens=False` for prompts already rendered by a chat template (which adds BOS itself).
+        `image_prompts`: a vision-language model's `grpo.vision.ImagePrompts`, which encodes the prompts that hold
+        images (`grpo.vision.VisionPrompt`); their placeholder tokens are never sampled."""
         self.model = model
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
@@ -107,6 +111,10 @@ class HFGenerator:
         self.all_finished = all_finished or (lambda done: done)
         eos, self.pad_id = stop_tokens(model, tokenizer)
         self.eos_ids = torch.tensor(eos)
+        self.image_prompts = image_prompts
+        from grpo.vision import placeholder_ids
+        banned = placeholder_ids(model)
+        self.banned = torch.tensor(banned, dtype=torch.long) if banned else None
         self.version = 0
 
     def sync_weights(self, model, version: int | None = None) -> None:
@@ -143,13 +151,35 @@ class HFGenerator:
         with inference(self.model), torch.autocast(self.model.device.type, dtype=torch.bfloat16,
                                                     enabled=self.autocast_bf16):
             r = self._sample(prompts, sampling, seeds, limits)
+        images = None if r.images is None else [None if x is None else _cloned(x) for x in r.images]
         return Rollout(r.prompt_ids.clone(), r.prompt_mask.clone(), r.completion_ids.clone(),
                        r.completion_mask.clone(), r.truncated.clone(), r.texts,
-                       version=torch.full((len(r),), self.version, dtype=torch.long, device=r.completion_ids.device))
+                       version=torch.full((len(r),), self.version, dtype=torch.long, device=r.completion_ids.device),
+                       images=images)
+
+    def _encode(self, prompts: list) -> tuple[list[list[int]], list | None]:
+        """The prompts' token ids, and each one's `grpo.vision.Images` (None where it has none; the list None
+        when none has any)."""
+        from grpo.vision import VisionPrompt
+
+        if not any(isinstance(p, VisionPrompt) for p in prompts):
+            return encode_prompts(self.tokenizer, prompts, self.add_special_tokens), None
+        if self.image_prompts is None:
+            raise DataError("the prompts have images and this model has no vision tower (a vision-language model "
+                            "takes them: docs/vision.md)")
+        ids, images = [], []
+        for k, p in enumerate(prompts):
+            if isinstance(p, VisionPrompt):
+                x, im = self.image_prompts.encode(p, f"prompt {k} of the batch")
+            else:
+                x, im = encode_prompts(self.tokenizer, [p], self.add_special_tokens)[0], None
+            ids.append(x)
+            images.append(im)
+        return ids, images
 
     def _sample(self, prompts: list, sampling: Sampling, seeds: Sequence[int], limits: list[int]) -> Rollout:
         device = self.model.device
-        ids = encode_prompts(self.tokenizer, prompts, self.add_special_tokens)
+        ids, images = self._encode(prompts)
         width = max(len(x) for x in ids)
         prompt_ids = torch.full((len(ids), width), self.pad_id, dtype=torch.long)
         prompt_mask = torch.zeros((len(ids), width), dtype=torch.long)
@@ -164,8 +194,11 @@ class HFGenerator:
         if sampling.temperature > 0:
             gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
             noise = torch.cat([torch.rand(steps, n, generator=g) for g in gens], dim=1).to(device)
-        lean = LeanDecoding.prefill(self.model, prompt_ids, prompt_mask, n, steps) if self.lean else None
-        state, logits = lean or _TransformersDecoding.prefill(self.model, prompt_ids, prompt_mask, n)
+        lean = LeanDecoding.prefill(self.model, prompt_ids, prompt_mask, n, steps) \
+            if self.lean and images is None else None
+        state, logits = lean or _TransformersDecoding.prefill(self.model, prompt_ids, prompt_mask, n,
+                                                              join(images, device))
+        banned = None if self.banned is None else self.banned.to(device)
 
         total = logits.shape[0]
         held = torch.arange(total, device=device)  # the rows the decoding state holds, in its order
@@ -181,6 +214,8 @@ class HFGenerator:
         tokens = []
         for t in range(steps):
             # logits and seen: the held rows'; tokens, finished, ended and lengths: all rows'
+            # image placeholders are the prompt's, never the model's to write (the trainer masks them alike)
+            logits = mask_placeholders(logits, banned)
             if t < sampling.min_new_tokens:
                 logits = logits.index_fill(-1, eos_ids, float("-inf"))
             if seen is not None:
@@ -211,7 +246,8 @@ class HFGenerator:
         completion_mask = (torch.arange(width, device=device) < lengths.unsqueeze(1)).long()
         truncated = ~ended
         return Rollout(prompt_ids.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
-                       completion_ids, completion_mask, truncated, self._texts(completion_ids, lengths, ended, stops))
+                       completion_ids, completion_mask, truncated, self._texts(completion_ids, lengths, ended, stops),
+                       images=None if images is None else [x for x in images for _ in range(n)])
 
     def _texts(self, completion_ids: torch.Tensor, lengths: torch.Tensor, ended: torch.Tensor,
                stops: _StopStrings | None) -> list[str]:
@@ -226,6 +262,10 @@ class HFGenerator:
                 or texts[i]
         return texts
 
+def _cloned(x: Images) -> Images:
+    return Images(x.pixel_values.clone(), None if x.image_grid_thw is None else x.image_grid_thw.clone())
+
+
 class _TransformersDecoding:
     """Decoding with the model's own forward and cache (any causal LM whose cache has transformers'
     `batch_repeat_interleave` and `batch_select_indices`), with the methods of `LeanDecoding`: `step(tokens)` ->
@@ -235,10 +275,11 @@ class _TransformersDecoding:
         self.model, self.cache, self.attn, self.next_pos = model, cache, attn, next_pos
 
     @classmethod
-    def prefill(cls, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int):
+    def prefill(cls, model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, images: dict | None = None):
         """The prompts prefilled once and the cache repeated for the n completions of each: the state and the
-        first logits (P·n, V)."""
-        inputs = model_inputs(prompt_ids, prompt_mask)
+        first logits (P·n, V). `images`: the prompts' image tensors (`grpo.vision.join`); the decoding steps then
+        go on from each row's last position (`ModelInputs.next_position`), the same on every rotary axis."""
+        inputs = model_inputs(prompt_ids, prompt_mask, images, model)
         out = model(**inputs.forward_kwargs(), use_cache=True, logits_to_keep=1)
         cache = out.past_key_values
         cache.batch_repeat_interleave(n)  # prefill once per prompt, share it across the group

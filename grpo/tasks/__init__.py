@@ -15,6 +15,7 @@ def load_task(data, seed: int, *, train_dataset=None, eval_dataset=None) -> Task
     from grpo.tasks.hf import load_dataset_task
     return load_dataset_task(train_dataset if train_dataset is not None else data.path,
                              prompt_column=data.prompt_column, answer_column=data.answer_column,
+                             image_column=data.image_column,
                              split=data.split, config_name=data.config_name or None,
                              eval_path=eval_dataset if eval_dataset is not None else data.eval_path or None,
                              eval_split=data.eval_split or None, eval_fraction=data.eval_fraction, seed=seed)

@@ -114,7 +114,7 @@ def _split(examples: list[Example]) -> tuple[list[Example], list[Example]]:
     return train, held
 
 
-BUILTIN_TASKS = ("arithmetic", "linear", "mixed", "products", "stories", "functions")
+BUILTIN_TASKS = ("arithmetic", "linear", "mixed", "products", "stories", "functions", "shapes")
 
 
 def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
@@ -122,6 +122,11 @@ def load_builtin_task(name: str, seed: int = 0) -> BuiltinTask:
     held-out order is fixed (seed 0) so evaluations compare like with like across runs."""
     if name not in BUILTIN_TASKS:
         raise ValueError(f"unknown built-in task {name!r}; choose one of {', '.join(BUILTIN_TASKS)}")
+    if name == "shapes":  # pictures: split by the scene, not the prompt text (grpo.tasks.shapes)
+        from grpo.tasks.shapes import shape_examples
+        train_all, held_all = shape_examples()
+        random.Random(seed).shuffle(train_all)
+        return BuiltinTask(name, train_all, held_all)
     parts = {"arithmetic": [arithmetic_examples], "linear": [linear_examples],
              "mixed": [arithmetic_examples, linear_examples], "products": [product_examples],
              "stories": [story_examples], "functions": [function_examples]}[name]

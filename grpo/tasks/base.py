@@ -5,6 +5,8 @@ the extra fields reach reward functions as keyword arguments (TRL's convention),
 the answer. A conversational prompt (TRL's conversational format: a list of `{"role", "content"}` messages,
 system and few-shot turns included) is kept whole in `conversation` and rendered through the chat template;
 `prompt` is then the text of its last user message (what logs, error messages and the judge's `{prompt}` show).
+`images` are the prompt's pictures, for a vision-language model (`grpo.vision`): a text prompt shows them before its
+text in one user message; a conversation places them at its messages' `{"type": "image"}` entries.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ class Example:
     answer: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     conversation: list[dict[str, Any]] | None = None  # the messages of a conversational prompt, else None
+    images: tuple = ()  # the prompt's images (RGB PIL images, `grpo.vision.load_image`), shown before its text
 
 
 class Task(Protocol):

@@ -30,6 +30,7 @@ Every problem with the data is a one-line `DataError` naming the file (or Hub da
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import random
@@ -62,7 +63,7 @@ class DatasetTask:
 
 
 def load_dataset_task(path, *, prompt_column: str = "prompt", answer_column: str = "answer",
-                      split: str = "train", config_name: str | None = None, eval_path=None,
+                      image_column: str = "images", split: str = "train", config_name: str | None = None, eval_path=None,
                       eval_split: str | None = None, eval_fraction: float = 0.0, seed: int = 0,
                       name: str | None = None) -> DatasetTask:
     """Load a prompt/answer task from local files or a Hub dataset (see the module docstring). `path` and
@@ -73,7 +74,7 @@ def load_dataset_task(path, *, prompt_column: str = "prompt", answer_column: str
     GSM8K rows ``{"question": ..., "answer": "...\\n#### 72"}`` into prompts ``question`` and answers ``answer``.
     """
     _check_arguments(path, prompt_column, answer_column, eval_path, eval_split, eval_fraction)
-    columns = (prompt_column, answer_column)
+    columns = (prompt_column, answer_column, image_column)
     local = in_memory(path) or _is_local(path)
     train = _load(path, split, config_name, columns, local=local)
     if eval_path is not None:
@@ -86,8 +87,8 @@ def load_dataset_task(path, *, prompt_column: str = "prompt", answer_column: str
                               "given as an object: give the held-out rows as eval_dataset (or use eval_fraction)")
         held = _load(path, eval_split, config_name, columns, local=local)
     elif eval_fraction > 0:
-        held = [e for e in train if in_held_out(e.prompt, eval_fraction)]
-        train = [e for e in train if not in_held_out(e.prompt, eval_fraction)]
+        held = [e for e in train if in_held_out(_split_key(e), eval_fraction)]
+        train = [e for e in train if not in_held_out(_split_key(e), eval_fraction)]
         if not train:
             raise DataError(f"{_source(path)}: every example fell in the held-out fraction {eval_fraction}; "
                             "lower eval_fraction")
@@ -153,10 +154,21 @@ def _default_name(path: str, local: bool) -> str:
     return stem or path
 
 
+def _split_key(e: Example) -> str:
+    """What decides an example's split: its prompt text, and its images' pixels where it has any (prompts of an
+    image data set often share their text)."""
+    if not e.images:
+        return e.prompt
+    h = hashlib.sha256()
+    for image in e.images:
+        h.update(image.tobytes())
+    return e.prompt + h.hexdigest()
+
+
 # --------------------------------------------------------------------------------------------------------
 # reading
 
-def _load(path, split: str | None, config_name: str | None, columns: tuple[str, str], *,
+def _load(path, split: str | None, config_name: str | None, columns: tuple[str, str, str], *,
           local: bool) -> list[Example]:
     if in_memory(path):
         return to_examples(path, _source(path), columns)
@@ -339,12 +351,13 @@ def conversation(value: Any) -> list[dict] | None:
     return [{k: v for k, v in m.items() if v is not None} for m in value]  # Arrow fills absent keys with None
 
 
-def to_examples(ds, source: str, columns: tuple[str, str]) -> list[Example]:
+def to_examples(ds, source: str, columns: tuple[str, ...]) -> list[Example]:
     """The rows of `ds` (a `datasets.Dataset`, an `IterableDataset` or a list of dicts) as Examples: the prompt
     column is the prompt (text, or a conversation), the answer column (optional) the reference answer as text
     (`Example.answer`, None without the column), and every column but the prompt's reaches the reward functions
-    under its own name (the answer column also as `answer`). `source` names the data in errors."""
-    prompt_column, answer_column = columns
+    under its own name (the answer column also as `answer`); the image column (optional, the third of `columns`)
+    gives the prompt's images (`grpo.vision.load_images`). `source` names the data in errors."""
+    prompt_column, answer_column, image_column = (*columns, "images")[:3]
     present, rows = _rows(ds)
     if prompt_column not in present:
         hint = (f"; set data.prompt_column={next(c for c in ('question', 'problem') if c in present)}"
@@ -364,8 +377,13 @@ def to_examples(ds, source: str, columns: tuple[str, str]) -> list[Example]:
         raise DataError(f"{source} has no rows")
     out = []
     kinds = set()
+    has_images = image_column in present
     for i, row in enumerate(rows, start=1):
         prompt = row.pop(prompt_column)
+        images = ()
+        if has_images:
+            from grpo.vision import load_images
+            images = load_images(row.pop(image_column), f"{source} row {i}, column {image_column!r}")
         chat = conversation(prompt)
         kinds.add(chat is not None)
         if len(kinds) > 1:
@@ -389,5 +407,5 @@ def to_examples(ds, source: str, columns: tuple[str, str]) -> list[Example]:
                 raise DataError(f"{source} row {i}: answer column {answer_column!r} is empty")
             if answer_column == "answer":
                 del row["answer"]  # it is Example.answer, as text
-        out.append(Example(prompt, answer, row, chat))
+        out.append(Example(prompt, answer, row, chat, images))
     return out
