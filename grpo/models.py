@@ -244,6 +244,16 @@ def frozen_copy(model):
     return ref
 
 
+def _save_image_processor(model, out: Path) -> None:
+    """A vision-language model's image processor beside its weights, as it was loaded (`grpo eval RUN_DIR` and
+    `grpo sample RUN_DIR` render the pictures with it); nothing for a text model."""
+    from grpo.vision import image_prompts_for, is_multimodal
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if is_multimodal(base):
+        image_prompts_for(base, None).image_processor.save_pretrained(out)
+
+
 def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig,
                base_moved: bool = False, card: Callable[..., str] | None = None) -> None:
     """The trained model via save_pretrained: full weights, or the LoRA adapter (plus merged weights if asked).
@@ -262,6 +272,7 @@ def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: Lo
             else:
                 model.save_pretrained(tmp, **({} if is_lora(model) else {"state_dict": state_dict}))
             tokenizer.save_pretrained(tmp)
+            _save_image_processor(model, tmp)
             if card is not None:  # peft writes a README.md of its own: ours replaces it
                 (tmp / "README.md").write_text(card(adapter=lora_model and not base_moved,
                                                     merged=lora_model and base_moved))
@@ -269,6 +280,7 @@ def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: Lo
             with replace_dir(out / "model-merged") as tmp:
                 model.merge_and_unload().save_pretrained(tmp)
                 tokenizer.save_pretrained(tmp)
+                _save_image_processor(model, tmp)
                 if card is not None:
                     (tmp / "README.md").write_text(card(adapter=False, merged=True))
     except Exception as e:  # an OSError, or safetensors' SafetensorError around one

@@ -174,7 +174,7 @@ class ImagePrompts:
         self.image_token_id = getattr(config, "image_token_id", None)
         if self.image_token_id is None:
             self.image_token_id = getattr(config, "image_token_index")
-        self.image_token = tokenizer.convert_ids_to_tokens(self.image_token_id)
+        self.image_token = None if tokenizer is None else tokenizer.convert_ids_to_tokens(self.image_token_id)
         self.merge = int(getattr(image_processor, "merge_size", 1) or 1)
 
     @classmethod
