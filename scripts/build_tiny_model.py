@@ -44,6 +44,12 @@ def batch(tok, examples, rng: random.Random, size: int, p_correct: float):
         e = rng.choice(examples)
         rows.append((tok.encode(e.prompt), tok.encode(worked_solution(e, correct=rng.random() < p_correct))
                      + [tok.eos_token_id]))
+    return padded(tok, rows)
+
+
+def padded(tok, rows: list[tuple[list[int], list[int]]]):
+    """(ids, mask, labels) of (prompt, target) token lists, right-padded; labels -100 but on the targets."""
+    size = len(rows)
     width = max(len(p) + len(c) for p, c in rows)
     ids = torch.full((size, width), tok.pad_token_id)
     labels = torch.full((size, width), -100)

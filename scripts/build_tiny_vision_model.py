@@ -27,11 +27,13 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from build_tiny_model import padded  # noqa: E402 - the same padding as the text model's warm start
 from grpo.rollout import HFGenerator, Sampling  # noqa: E402
 from grpo.tasks import load_builtin_task  # noqa: E402
 from grpo.tiny import (TINY_VISION_DIR, build_vision_image_processor, build_vision_tokenizer,  # noqa: E402
                        tiny_vision_config)
-from grpo.vision import ImagePrompts, VisionPrompt, image_messages, join  # noqa: E402
+from grpo.images import ImagePrompts, VisionPrompt, image_messages  # noqa: E402
+from grpo.vision import join  # noqa: E402
 
 
 def rendered(tok, example) -> VisionPrompt:
@@ -50,15 +52,7 @@ def batch(tok, prompts: ImagePrompts, examples, rng: random.Random, size: int, p
         answer = count if rng.random() < p_correct else count + 1
         rows.append((ids, tok.encode(f" {answer}") + [tok.eos_token_id]))
         images.append(im)
-    width = max(len(p) + len(c) for p, c in rows)
-    ids = torch.full((size, width), tok.pad_token_id)
-    labels = torch.full((size, width), -100)
-    mask = torch.zeros(size, width, dtype=torch.long)
-    for i, (p, c) in enumerate(rows):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        mask[i, :len(p) + len(c)] = 1
-        labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
-    return ids, mask, labels, join(images)
+    return (*padded(tok, rows), join(images))
 
 
 def accuracy(generator, tok, examples, temperature: float, k: int = 1) -> float:

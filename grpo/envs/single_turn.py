@@ -35,7 +35,7 @@ def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
     tokenizer's chat template; a conversation (TRL's conversational format) always goes through the template,
     `system_prompt` placed first when it has no system message. Both end with the generation prompt, also after a
     final assistant message (not continued: TRL's GRPOTrainer renders its prompts so). `render(prompt, images)`
-    with images gives a `grpo.vision.VisionPrompt`: the images then the text in one user message, through the
+    with images gives a `grpo.images.VisionPrompt`: the images then the text in one user message, through the
     template."""
     kwargs = dict(getattr(cfg, "chat_template_kwargs", None) or {})
     system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
@@ -47,8 +47,8 @@ def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
     def render(prompt: Prompt, images: tuple = ()):
-        if images:  # a `grpo.vision.VisionPrompt`: always through the template, which writes the placeholders
-            from grpo.vision import VisionPrompt, image_messages
+        if images:  # a `grpo.images.VisionPrompt`: always through the template, which writes the placeholders
+            from grpo.images import VisionPrompt, image_messages
             if not getattr(tokenizer, "chat_template", None):
                 raise DataError("the prompts have images, which a vision-language model's chat template places; this "
                                 "tokenizer has no chat template")

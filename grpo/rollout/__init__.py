@@ -11,13 +11,12 @@ from grpo.rollout.hf import HFGenerator, sample_next
 
 
 def _hf(model, tokenizer, cfg, all_finished, world_size, run_dir, group) -> Generator:
-    from grpo.models import resolve_model_path
+    from grpo.images import image_prompts_for
     from grpo.precision import resolved
-    from grpo.vision import image_prompts_for, is_multimodal
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    images = image_prompts_for(base, tokenizer, resolve_model_path(cfg.model.path)
-                               if is_multimodal(base) and not getattr(base, "name_or_path", "") else None)
+    # a vision-language model's image processor: from where the model was loaded (a loaded model records it), else
+    # from model.path as given
+    images = image_prompts_for(model, tokenizer, cfg.model.path)
     return HFGenerator(model, tokenizer, all_finished=all_finished, add_special_tokens=not cfg.model.chat_template,
                        autocast_bf16=resolved(cfg.model, model)[0].autocast_bf16, lean=cfg.rollout.lean_decoding,
                        image_prompts=images)

@@ -32,7 +32,8 @@ from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompt
                                stop_text, stop_tokens)
 from grpo.errors import DataError
 from grpo.rollout.lean_decoding import LeanDecoding
-from grpo.vision import Images, join, mask_placeholders
+from grpo.images import VisionPrompt
+from grpo.vision import Images, join, mask_placeholders, placeholder_ids
 
 
 def repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
@@ -100,8 +101,8 @@ class HFGenerator:
         `all_finished(done)`: with several processes whose forward passes are collective (FSDP), True only
         when every process's batch is done, so all of them run the same number of decoding steps.
         `add_special_tokens=False` for prompts already rendered by a chat template (which adds BOS itself).
-        `image_prompts`: a vision-language model's `grpo.vision.ImagePrompts`, which encodes the prompts that hold
-        images (`grpo.vision.VisionPrompt`); their placeholder tokens are never sampled."""
+        `image_prompts`: a vision-language model's `grpo.images.ImagePrompts`, which encodes the prompts that hold
+        images (`grpo.images.VisionPrompt`); their placeholder tokens are never sampled."""
         self.model = model
         self.tokenizer = tokenizer
         self.add_special_tokens = add_special_tokens
@@ -112,7 +113,6 @@ class HFGenerator:
         eos, self.pad_id = stop_tokens(model, tokenizer)
         self.eos_ids = torch.tensor(eos)
         self.image_prompts = image_prompts
-        from grpo.vision import placeholder_ids
         banned = placeholder_ids(model)
         self.banned = torch.tensor(banned, dtype=torch.long) if banned else None
         self.version = 0
@@ -160,8 +160,6 @@ class HFGenerator:
     def _encode(self, prompts: list) -> tuple[list[list[int]], list | None]:
         """The prompts' token ids, and each one's `grpo.vision.Images` (None where it has none; the list None
         when none has any)."""
-        from grpo.vision import VisionPrompt
-
         if not any(isinstance(p, VisionPrompt) for p in prompts):
             return encode_prompts(self.tokenizer, prompts, self.add_special_tokens), None
         if self.image_prompts is None:

@@ -21,7 +21,7 @@ class Example:
     answer: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
     conversation: list[dict[str, Any]] | None = None  # the messages of a conversational prompt, else None
-    images: tuple = ()  # the prompt's images (RGB PIL images, `grpo.vision.load_image`), shown before its text
+    images: tuple = ()  # the prompt's images (RGB PIL images, `grpo.images.load_image`), shown before its text
 
 
 class Task(Protocol):

@@ -356,7 +356,7 @@ def to_examples(ds, source: str, columns: tuple[str, ...]) -> list[Example]:
     column is the prompt (text, or a conversation), the answer column (optional) the reference answer as text
     (`Example.answer`, None without the column), and every column but the prompt's reaches the reward functions
     under its own name (the answer column also as `answer`); the image column (optional, the third of `columns`)
-    gives the prompt's images (`grpo.vision.load_images`). `source` names the data in errors."""
+    gives the prompt's images (`grpo.images.load_images`). `source` names the data in errors."""
     prompt_column, answer_column, image_column = (*columns, "images")[:3]
     present, rows = _rows(ds)
     if prompt_column not in present:
@@ -382,7 +382,7 @@ def to_examples(ds, source: str, columns: tuple[str, ...]) -> list[Example]:
         prompt = row.pop(prompt_column)
         images = ()
         if has_images:
-            from grpo.vision import load_images
+            from grpo.images import load_images
             images = load_images(row.pop(image_column), f"{source} row {i}, column {image_column!r}")
         chat = conversation(prompt)
         kinds.add(chat is not None)

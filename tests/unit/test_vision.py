@@ -1,4 +1,4 @@
-"""Vision-language models (grpo.vision): images through collect and learn on a Qwen2.5-VL-architecture model.
+"""Vision-language models (grpo.vision, grpo.images): images through collect and learn on a Qwen2.5-VL-architecture model.
 
 Each pitfall the trainers that support VLMs have hit is a test here: placeholder tokens sampled into completions
 (TRL #3847), image tensors split wrongly per micro-batch (TRL #4488), left-padded prompts against multimodal positions
@@ -16,8 +16,8 @@ from grpo.rollout.hf import _TransformersDecoding
 from grpo.tasks.hf import to_examples
 from grpo.tasks.shapes import draw, shape_examples
 from grpo.tiny import build_vision_image_processor, build_vision_tokenizer, tiny_vision_config
-from grpo.vision import (ImagePrompts, VisionPrompt, image_messages, join, load_image, mask_placeholders,
-                         placeholder_ids)
+from grpo.images import ImagePrompts, VisionPrompt, image_messages, load_image
+from grpo.vision import join, mask_placeholders, placeholder_ids
 
 
 @pytest.fixture(scope="module")
