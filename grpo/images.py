@@ -2,10 +2,11 @@
 a prompt with its images into token ids and `grpo.vision.Images` (`ImagePrompts`).
 
 A vision-language model's prompt is text with one placeholder per image; its image processor turns each image into
-patches and a grid size, and the placeholder is widened to one token per merged patch, as the model's own processor
-does (`Qwen2_5_VLProcessor.replace_image_token`). The processor class itself cannot be built without torchvision (it
-insists on a video processor), so the prompt is rendered here from its two parts, the tokenizer (with the chat
-template) and the image processor, both loaded from the model's directory by transformers. What a forward pass
+pixel values (and, in the Qwen2-VL family, a grid size), and the placeholder is widened to the tokens the model
+replaces with the image's features, as the family's own processor does (`Qwen2_5_VLProcessor` and `Gemma3Processor`,
+`replace_image_token`). Qwen2-VL's processor class cannot be built without torchvision (it insists on a video
+processor), so every prompt is rendered here from its two parts, the tokenizer (with the chat template) and the
+image processor, both loaded from the model's directory by transformers. What a forward pass
 needs of the images (their tensors, positions, placeholder ids) is `grpo.vision`'s.
 """
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo.errors import DataError
+from grpo.errors import ConfigError, DataError
 from grpo.vision import Images, is_multimodal
 
 
@@ -73,63 +74,91 @@ class VisionPrompt:
 
 
 class ImagePrompts:
-    """Renders `VisionPrompt`s into token ids and `Images` with a model's tokenizer and image processor."""
+    """Renders `VisionPrompt`s into token ids and `Images` with a model's tokenizer and image processor, widening
+    each image's placeholder as the family's own processor does: the Qwen2-VL family's `<|image_pad|>` to one
+    token per merged patch of the image's grid; Gemma 3's `<start_of_image>` to its full image sequence (two
+    newlines, the begin token, `mm_tokens_per_image` image tokens, the end token, two newlines), and with
+    pan-and-scan crops the original's sequence then each crop's, in `Gemma3Processor`'s words."""
 
     def __init__(self, tokenizer, image_processor, config):
         self.tokenizer = tokenizer
         self.image_processor = image_processor
-        self.image_token_id = getattr(config, "image_token_id", None)
-        if self.image_token_id is None:
-            self.image_token_id = getattr(config, "image_token_index")
-        self.image_token = None if tokenizer is None else tokenizer.convert_ids_to_tokens(self.image_token_id)
-        self.merge = int(getattr(image_processor, "merge_size", 1) or 1)
-
-    @classmethod
-    def load(cls, path, tokenizer, config) -> ImagePrompts:
-        from transformers import AutoImageProcessor
-
-        try:
-            processor = AutoImageProcessor.from_pretrained(str(path), backend="pil")
-        except TypeError:  # an older transformers without backends
-            processor = AutoImageProcessor.from_pretrained(str(path))
-        return cls(tokenizer, processor, config)
+        self.family = image_family(config)
+        name = (lambda i: None) if tokenizer is None else tokenizer.convert_ids_to_tokens
+        if self.family == "qwen2_vl":
+            self.placeholder = name(config.image_token_id)  # what the chat template writes, once per image
+            self.merge = int(getattr(image_processor, "merge_size", 1) or 1)
+        else:  # gemma3
+            self.placeholder = name(config.boi_token_index)
+            image, end = name(config.image_token_index), name(config.eoi_token_index)
+            self.sequence = f"\n\n{self.placeholder}{image * int(config.mm_tokens_per_image)}{end}\n\n"
 
     def encode(self, prompt: VisionPrompt, where: str = "the prompt") -> tuple[list[int], Images | None]:
         """A prompt's token ids (each placeholder widened to its image's tokens) and its images' tensors."""
         text = prompt.text
-        found = text.count(self.image_token)
+        found = text.count(self.placeholder)
         if found != len(prompt.images):
-            raise DataError(f"{where}: the rendered prompt has {found} image placeholders for {len(prompt.images)} "
-                            "images (the chat template writes one per image entry of a message)")
+            raise DataError(f"{where}: the rendered prompt has {found} image placeholders ({self.placeholder}) for "
+                            f"{len(prompt.images)} images (the chat template writes one per image entry of a "
+                            "message)")
         if not prompt.images:
             return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
         out = self.image_processor(images=list(prompt.images), return_tensors="pt")
-        grid = out.get("image_grid_thw")
-        pieces = text.split(self.image_token)
-        widened = [pieces[0]]
-        for k, piece in enumerate(pieces[1:]):
-            n = int(grid[k].prod()) // self.merge ** 2 if grid is not None else self._tokens_per_image()
-            widened.append(self.image_token * n + piece)
+        pieces = text.split(self.placeholder)
+        widened = [pieces[0]] + [self._widened(k, out) + piece for k, piece in enumerate(pieces[1:])]
         ids = self.tokenizer("".join(widened), add_special_tokens=False)["input_ids"]
+        grid = out.get("image_grid_thw")
         return ids, Images(out["pixel_values"], None if grid is None else grid.long())
 
-    def _tokens_per_image(self) -> int:
-        for attr in ("image_seq_len", "mm_tokens_per_image", "image_seq_length"):
-            n = getattr(self.image_processor, attr, None) or getattr(self.tokenizer, attr, None)
-            if n:
-                return int(n)
-        raise DataError("this model's image processor does not say how many tokens an image takes")
+    def _widened(self, k: int, out) -> str:
+        """The tokens that stand for image `k` of a prompt in the text, given its image processor's output."""
+        if self.family == "qwen2_vl":
+            return self.placeholder * (int(out["image_grid_thw"][k].prod()) // self.merge ** 2)
+        crops = out.get("num_crops")
+        crops = int(crops[k]) if crops is not None else 0
+        if not crops:
+            return self.sequence
+        return (f"Here is the original image {self.sequence} and here are some crops to help you see better "
+                + " ".join([self.sequence] * crops))
+
+
+def image_family(config) -> str:
+    """How a vision-language model's prompts hold images: 'qwen2_vl' (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or 'gemma3'; a
+    ConfigError naming the model type for any other (its processor's rules are not grpo's to guess)."""
+    if getattr(config, "vision_start_token_id", None) is not None and getattr(config, "image_token_id", None) is not None:
+        return "qwen2_vl"
+    if getattr(config, "model_type", None) == "gemma3":
+        return "gemma3"
+    raise ConfigError(f"model.path: a {getattr(config, 'model_type', 'vision-language')} model; grpo trains "
+                      "vision-language models of the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and Gemma 3")
 
 
 def image_prompts_for(model, tokenizer, path=None) -> ImagePrompts | None:
-    """The `ImagePrompts` of a vision-language model, or of a peft model around one (its image processor loaded
-    from where the model was loaded, else from `path`); None for a text model."""
+    """The `ImagePrompts` of a vision-language model, or of a peft model around one (`image_processor_for`);
+    None for a text model."""
+    processor = image_processor_for(model, path)
+    if processor is None:
+        return None
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return ImagePrompts(tokenizer, processor, model.config)
+
+
+def image_processor_for(model, path=None):
+    """A vision-language model's image processor (PIL backend), or a peft model's around one, loaded from where
+    the model was loaded, else from `path`; None for a text model. A family grpo does not render is refused here
+    (`image_family`), before any file is read."""
     model = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not is_multimodal(model):
         return None
+    image_family(model.config)
     source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "") or path
+    from transformers import AutoImageProcessor
+
     try:
-        return ImagePrompts.load(source, tokenizer, model.config)
+        try:
+            return AutoImageProcessor.from_pretrained(str(source), backend="pil")
+        except TypeError:  # an older transformers without backends
+            return AutoImageProcessor.from_pretrained(str(source))
     except (OSError, ValueError) as e:
         raise DataError(f"cannot load the image processor of {str(source)!r}: {' '.join(str(e).split())[:200]}") \
             from None

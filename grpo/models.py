@@ -246,11 +246,11 @@ def frozen_copy(model):
 def _save_image_processor(model, out: Path) -> None:
     """A vision-language model's image processor beside its weights, as it was loaded (`grpo eval RUN_DIR` and
     `grpo sample RUN_DIR` render the pictures with it); nothing for a text model."""
-    from grpo.images import image_prompts_for
+    from grpo.images import image_processor_for
 
-    prompts = image_prompts_for(model, None)
-    if prompts is not None:
-        prompts.image_processor.save_pretrained(out)
+    processor = image_processor_for(model)
+    if processor is not None:
+        processor.save_pretrained(out)
 
 
 def save_final(model, tokenizer, out: Path, *, state_dict: dict | None, lora: LoraConfig,

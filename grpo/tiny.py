@@ -183,3 +183,53 @@ def tiny_vision_config(tokenizer, **overrides):
     )
     kwargs.update(overrides)
     return transformers.Qwen2_5_VLConfig(**kwargs)
+
+
+GEMMA3_TOKENS = ("<start_of_image>", "<image_soft_token>", "<end_of_image>")
+GEMMA3_CHAT_TEMPLATE = (  # Gemma 3's layout in words (its turns, an image as <start_of_image>), the roles as text
+    "{%- for m in messages %}{{ m.role }}: {% if m.content is string %}{{ m.content }}{% else %}"
+    "{% for c in m.content %}{% if c.type == 'image' %}<start_of_image>"
+    "{% elif c.type == 'text' %}{{ c.text }}{% endif %}{% endfor %}{% endif %}<|endoftext|>{% endfor -%}"
+    "{%- if add_generation_prompt %}model:{% endif -%}")
+GEMMA3_IMAGE_SIZE = 16  # pixels a side: 4 x 4 patches of 4 pixels, pooled to 2 x 2 = 4 image tokens
+GEMMA3_PATCH = 4
+GEMMA3_IMAGE_TOKENS = 4
+
+
+def build_gemma3_tokenizer(model_max_length: int = 128) -> transformers.PreTrainedTokenizerFast:
+    """The character tokenizer of `build_char_tokenizer` with Gemma 3's image tokens (after the characters, so
+    every character keeps its id) and `GEMMA3_CHAT_TEMPLATE`: the second vision-language family's tests."""
+    tok = build_char_tokenizer(model_max_length)
+    tok.add_special_tokens({"additional_special_tokens": list(GEMMA3_TOKENS)})
+    tok.chat_template = GEMMA3_CHAT_TEMPLATE
+    return tok
+
+
+def build_gemma3_image_processor():
+    """Gemma 3's image processor (PIL backend) at the tiny model's picture size, without pan-and-scan."""
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+
+    return Gemma3ImageProcessorPil(size={"height": GEMMA3_IMAGE_SIZE, "width": GEMMA3_IMAGE_SIZE},
+                                   image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], do_pan_and_scan=False)
+
+
+def tiny_gemma3_config(tokenizer, **overrides):
+    """A Gemma 3 config of about the tiny text model's size: 4 layers of width 128 (every second one a sliding
+    window of 64 positions, as Gemma 3 interleaves them), a 1-layer SigLIP tower of width 32 over 16 x 16
+    pictures, 4 image tokens a picture."""
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GEMMA3_TOKENS}
+    kwargs = dict(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=32,
+                         sliding_window=64, max_position_embeddings=128, rms_norm_eps=1e-6,
+                         layer_types=["sliding_attention", "full_attention"] * 2,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.eos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, attention_dropout=0.0),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=GEMMA3_IMAGE_SIZE, patch_size=GEMMA3_PATCH, vision_use_head=False),
+        mm_tokens_per_image=GEMMA3_IMAGE_TOKENS, boi_token_index=ids["<start_of_image>"],
+        eoi_token_index=ids["<end_of_image>"], image_token_index=ids["<image_soft_token>"],
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True,
+    )
+    kwargs.update(overrides)
+    return transformers.Gemma3Config(**kwargs)

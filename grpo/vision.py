@@ -1,14 +1,15 @@
 """Images in prompts, the tensor side: what a forward pass over rows with images needs, and nothing that reads data.
 
 Each row carries its prompt's tensors as one `Images` (`grpo.images.ImagePrompts` makes them: the image processor's
-`pixel_values`, (patches, D), and `image_grid_thw`, (images, 3)), so rows select and join as lists do (`grpo.rows`);
-`join` makes the keyword arguments of a forward over some rows. Images are part of the prompt only: the placeholder
+`pixel_values`, and in the Qwen2-VL family `image_grid_thw`), so rows select and join as lists do (`grpo.rows`);
+`join` makes the keyword arguments of a forward over some rows, and `model_inputs` adds what depends on the tokens
+(`rope_positions`, `token_types`). Images are part of the prompt only: the placeholder
 tokens are never sampled (`placeholder_ids`, masked out of the policy's logits wherever it is computed, so the
 sampler and the trainer agree on one distribution) and never in a completion's loss mask.
 
 Supported: the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL: 3-axis rotary positions from the model's own
-`get_rope_index`) and single-axis families whose processor widens one image token per image (Gemma 3,
-Idefics3/SmolVLM: positions are plain, `image_grid_thw` absent).
+`get_rope_index`) and Gemma 3 (plain positions; `token_type_ids` marking the image tokens, which attend to each other
+both ways in the prefill and the training pass alike, as its processor gives them).
 """
 from __future__ import annotations
 
@@ -35,12 +36,14 @@ def is_multimodal(model_or_config) -> bool:
 class Images:
     """One row's image tensors, as its prompt's image processor made them."""
 
-    pixel_values: torch.Tensor                 # (patches, D) the row's images' patches, image after image
+    pixel_values: torch.Tensor                 # the row's images, image after image: (patches, D) in the Qwen2-VL
+    # family, (pictures, 3, H, W) in Gemma 3 (a pan-and-scan image: the original, then its crops)
     image_grid_thw: torch.Tensor | None = None  # (images, 3) long: each image's grid (Qwen2-VL family)
 
     @property
     def count(self) -> int:
-        return 0 if self.image_grid_thw is None else len(self.image_grid_thw)
+        """The pictures the row's tokens stand for (Gemma 3 counts each pan-and-scan crop)."""
+        return len(self.pixel_values) if self.image_grid_thw is None else len(self.image_grid_thw)
 
 
 def join(rows: list[Images | None] | None, device=None) -> dict[str, torch.Tensor]:
@@ -101,3 +104,22 @@ def rope_positions(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return position
 
 
+
+
+# the model types whose forward takes `token_type_ids` marking the image tokens (bidirectional attention among them)
+_TOKEN_TYPE_MODELS = ("gemma3",)
+
+
+def token_types(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+    """{"token_type_ids": (B, L) long, 1 on the image tokens} for a model whose image tokens attend to each other
+    both ways (Gemma 3); {} for any other. Without them Gemma 3 attends causally within an image, a policy other than
+    the one its processor's inputs give, and its prefill and training pass would disagree if one had them."""
+    cfg = getattr(_unwrapped(model), "config", None)
+    if getattr(cfg, "model_type", None) not in _TOKEN_TYPE_MODELS:
+        return {}
+    return {"token_type_ids": (input_ids == cfg.image_token_id).long()}
+
+
+def _unwrapped(model):
+    """The model inside a peft or DDP wrapper (its config is the model's)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else getattr(model, "module", model)

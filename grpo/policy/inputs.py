@@ -8,7 +8,7 @@ the same batch (`compute.packing`): only the attended tokens, sequence after seq
 `model_inputs` gives it, so positions restart at each sequence's start. What later changes how positions are made
 changes this module alone: a vision-language model's rows (`images`: their pixel values and image grids) take the
 three-axis rotary positions of the Qwen2-VL family from the model's own `get_rope_index` (`grpo.vision`), and
-travel in the forward's keyword arguments.
+travel in the forward's keyword arguments with Gemma 3's `token_type_ids`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ class ModelInputs:
     input_ids: torch.Tensor       # (B, L)
     attention_mask: torch.Tensor  # (B, L) 1 on the tokens attended to
     position_ids: torch.Tensor    # (B, L), or (3, B, L): a Qwen2-VL-family model's rotary axes
-    images: dict[str, torch.Tensor] = field(default_factory=dict)  # pixel_values, image_grid_thw (`grpo.vision`)
+    images: dict[str, torch.Tensor] = field(default_factory=dict)  # pixel_values, image_grid_thw,
+    # token_type_ids (`grpo.vision`)
 
     @property
     def next_position(self) -> torch.Tensor:
@@ -45,9 +46,10 @@ def model_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor, images: 
     whose positions they decide."""
     position = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     if images:
-        from grpo.vision import rope_positions
+        from grpo.vision import rope_positions, token_types
         rope = rope_positions(model, input_ids, attention_mask, images.get("image_grid_thw"))
         position = position if rope is None else rope
+        images = {**images, **token_types(model, input_ids)}
     return ModelInputs(input_ids, attention_mask, position, dict(images or {}))
 
 
