@@ -99,6 +99,8 @@ RUNNERS = {
     # every option at its default (model.autocast_bf16=auto, compute.packing), and packing alone switched off
     "grpo default": ("grpo", "auto", ""),
     "grpo packing off": ("grpo", "auto", ""),
+    # every default but compute.reuse_memory (glibc's malloc hands freed memory back to the kernel, as before it)
+    "grpo reuse off": ("grpo", "auto", ""),
     "trl fp32": ("trl", False, ""),
     "trl bf16": ("trl", True, ""),
     "trl bf16 eager": ("trl", True, "eager"),
@@ -111,7 +113,8 @@ RUNNERS = {
 }
 DEFAULT_RUNNERS = ["grpo fp32", "grpo bf16", "trl fp32", "trl bf16", "trl bf16 eager", "trl fp32 no-ckpt",
                    "trl bf16 no-ckpt"]
-EXTRA_OVERRIDES = {"grpo fp32 2k": ["compute.micro_batch_tokens=2048"], "grpo packing off": ["compute.packing=false"]}
+EXTRA_OVERRIDES = {"grpo fp32 2k": ["compute.micro_batch_tokens=2048"], "grpo packing off": ["compute.packing=false"],
+                   "grpo reuse off": ["compute.reuse_memory=false"]}
 NO_CKPT = {"gradient_checkpointing": False}
 TRL_EXTRA = {"trl fp32 no-ckpt": NO_CKPT, "trl bf16 no-ckpt": NO_CKPT}
 TRL_SETTINGS = ("trl fp32", "trl bf16")  # the two settings the comparison is judged against
@@ -231,9 +234,11 @@ class StepClock:
 
     def __init__(self):
         self.times: list[float] = []
+        self.usage: list[resource.struct_rusage] = []  # the process's CPU times and page faults at each call
 
     def __call__(self, prompts, completions, **_):
         self.times.append(time.perf_counter())
+        self.usage.append(resource.getrusage(resource.RUSAGE_SELF))
         # a conversational completion (TRL, chat prompts) is a list holding the assistant's message
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in texts]
@@ -301,6 +306,10 @@ def worker(args) -> None:
             prompts = [json.loads(line)["question"] for line in args.prompts.read_text().splitlines()]
             extra = run_trl(case, args.model_dir, prompts, bf16, attn, Path(tmp), clock, TRL_EXTRA.get(args.runner))
     gaps = [b - a for a, b in zip(clock.times, clock.times[1:])][case["warmup"]:]
+    first, last, steps = clock.usage[case["warmup"]], clock.usage[-1], len(gaps)
+    extra["per_step"] = {"sys_seconds": (last.ru_stime - first.ru_stime) / steps,  # the measured steps' mean
+                         "user_seconds": (last.ru_utime - first.ru_utime) / steps,
+                         "minor_faults": (last.ru_minflt - first.ru_minflt) / steps}
     json.dump({"step_seconds": gaps, "peak_rss_mib": maxrss_mib(), "threads": torch.get_num_threads(), **extra},
               sys.stdout)
 
@@ -388,6 +397,8 @@ def summarise(case: dict, info: dict, flops: float, runs: dict[str, list[dict]],
             "seconds_per_step": sec, "seconds_per_step_runs": per_run, "mean_length": mean,
             "tokens_per_second": tokens / sec, "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in rs),
             "peak_rss_mib_runs": [r["peak_rss_mib"] for r in rs],
+            # each run's mean over its measured steps: kernel (sys) and user CPU seconds, minor page faults
+            "per_step_runs": [r.get("per_step") for r in rs],
             # the FLOP count assumes P·G·T tokens a step: not for a long-tailed case
             "mfu": None if case.get("chat") else flops / sec / peak,
         }

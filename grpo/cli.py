@@ -354,6 +354,7 @@ def _load(cfg, checkpoint: Path | None = None):
     _quiet_transformers()
     import torch
 
+    from grpo.allocator import reuse_freed_memory
     from grpo.envs import build_environment
     from grpo.models import load_model
     from grpo.precision import resolved
@@ -362,6 +363,8 @@ def _load(cfg, checkpoint: Path | None = None):
 
     if cfg.compute.threads:
         torch.set_num_threads(cfg.compute.threads)
+    if cfg.compute.reuse_memory:
+        reuse_freed_memory()
     model, tokenizer = load_model(cfg.model, cfg.lora if checkpoint is not None else None)
     if checkpoint is not None:
         _load_weights(model, checkpoint)

@@ -28,6 +28,7 @@ import yaml
 
 from grpo.ahead import Lane, lagged_versions
 from grpo.algo import AdvantageSpec, LossSpec
+from grpo.allocator import reuse_freed_memory
 from grpo.budgets import max_episode_tokens, prompt_limit
 from grpo.checkpoint import find_checkpoint, load_checkpoint, load_lagged, resume_hint, rng_states, save_checkpoint
 from grpo.collect import Collector, collect, probe_rewards
@@ -128,6 +129,8 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
         check_installed(cfg.log.trackers)
     if cfg.compute.threads:
         torch.set_num_threads(cfg.compute.threads)
+    if cfg.compute.reuse_memory:
+        reuse_freed_memory()
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)

@@ -17,7 +17,8 @@ REFUSED = ["model.chat_template=true", "model.system_prompt=Be brief.", "overlon
            "vllm.enforce_eager=false", "vllm.max_model_len=512"]
 FREE_CHANGES = ["train.steps=500", "train.save_every=5", "train.keep_last=4", "train.resume=auto",
                 "train.output_dir=other", "train.max_nonfinite_steps=9", "eval.every=3", "log.samples_every=1",
-                "log.trackers=[]", "log.progress=false", "log.run_name=x", "vllm.timeout_s=60"]
+                "log.trackers=[]", "log.progress=false", "log.run_name=x", "vllm.timeout_s=60",
+                "compute.reuse_memory=false"]
 ROUNDING_CHANGES = ["compute.micro_batch_size=4", "compute.micro_batch_tokens=256", "compute.threads=1",
                     "model.gradient_checkpointing=true", "compute.sharding=fsdp",
                     "vllm.gpu_memory_utilization=0.5", "vllm.kv_cache_gib=2"]
@@ -62,7 +63,8 @@ PATTERNS = {"free": ("train.steps", "train.save_every", "train.keep_last", "trai
                      # and what more evaluation logs
                      "judge.url", "judge.launch", "judge.api_key_env", "judge.concurrency", "judge.timeout_s",
                      "judge.retries", "judge.backoff_s", "judge.max_failure_frac", "judge.startup_timeout_s",
-                     "eval.rewards"),
+                     "eval.rewards",
+                     "compute.reuse_memory"),  # where malloc takes memory from: the same arithmetic
             "rounding": ("compute.micro_batch_size", "compute.micro_batch_tokens", "compute.threads",
                          "compute.sharding", "model.gradient_checkpointing", "vllm.gpu_memory_utilization",
                          "vllm.kv_cache_gib", "vllm.threads", "reward_model.device", "reward_model.batch_size")}

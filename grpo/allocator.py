@@ -1,0 +1,36 @@
+"""What the C library does with the memory a run frees: `compute.reuse_memory`.
+
+PyTorch takes a CPU tensor's memory from the C library's malloc. glibc serves a block above its mmap threshold
+(128 KiB at first, rising to at most 32 MiB as large blocks are freed) with a mapping of its own and unmaps it when
+it is freed, and it hands the top of its heap back to the kernel once more than its trim threshold lies free there.
+A training step allocates and frees the same activations, logits and gradients in every pass, so every pass asks
+the kernel again for pages it has just given back, and the kernel faults and zeroes each one (on a virtual machine
+the host may have to back them again too). With `reuse_memory` glibc keeps what is freed for the next request: no
+block gets a mapping of its own (M_MMAP_MAX = 0; glibc still maps what a thread's arena cannot hold) and the heap is
+trimmed only once 2 GiB lie free at its top (M_TRIM_THRESHOLD). Resident memory then stays near its peak between
+passes instead of falling back; the peak itself is the same (docs/benchmarks.md).
+
+Process-wide, for the rest of the process, on glibc only (Linux); elsewhere, and with musl, nothing changes.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_MAX = -4
+_TRIM_BYTES = 2**31 - 1  # mallopt takes an int: the largest it holds
+
+
+@functools.cache
+def reuse_freed_memory() -> bool:
+    """Have glibc's malloc keep the memory the process frees for its next requests; whether it took both
+    settings (False where the C library is not glibc)."""
+    try:
+        libc = ctypes.CDLL(None)  # the process's own C library
+        libc.gnu_get_libc_version  # glibc's alone: musl has a mallopt too, which ignores these
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_MAX, 0)) & bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES))
