@@ -51,15 +51,19 @@ class PromptStream:
 
 
 def fit_prompts(examples: list[Example], render: Callable, tokenizer, *, add_special_tokens: bool,
-                limit: int, truncate: str, what: str, why: str) -> list[Example]:
+                limit: int, truncate: str, what: str, why: str, image_prompts=None) -> list[Example]:
     """Every prompt must have tokens, and at most `limit` once rendered (`render`: the chat template, or as is).
     One too long is refused (with the count and the longest) or, with `truncate="left"`, cut from the left until
     it fits: its first tokens go, the chat template around it stays. `what` names the prompts ("training",
     "held-out"); `why` says where `limit` comes from. Characters the tokenizer drops are warned about once.
     Conversational prompts (`Example.conversation`) are measured whole, rendered; one too long is refused (a
-    conversation is not cut)."""
+    conversation is not cut). A prompt with images is measured as the sampler will see it, each image widened to
+    its tokens (`image_prompts`: the model's `grpo.images.ImagePrompts`); one too long is refused (an image is not
+    cut)."""
     if not examples:
         return examples
+    if image_prompts is not None:
+        _fit_images(examples, render, image_prompts, limit=limit, what=what, why=why)
     if examples[0].conversation is not None:
         return _fit_conversations(examples, render, tokenizer, limit=limit, what=what, why=why)
     raw = tokenizer([e.prompt for e in examples], add_special_tokens=False)["input_ids"]
@@ -99,6 +103,24 @@ def fit_prompts(examples: list[Example], render: Callable, tokenizer, *, add_spe
     warnings.warn(f"data.truncate_prompts=left: {len(too_long)} of {len(examples)} {what} prompts were cut from the "
                   f"left to {limit} tokens ({why})", stacklevel=2)
     return out
+
+
+def _fit_images(examples: list[Example], render: Callable, image_prompts, *, limit: int, what: str,
+                why: str) -> None:
+    """`fit_prompts` for the prompts that hold images: rendered with them, each image's placeholder widened to its
+    tokens (from the image's size: no pixels are processed), at most `limit` tokens."""
+    lengths = [(e, image_prompts.length(render(e.conversation if e.conversation is not None else e.prompt, e.images),
+                                        f"a {what} prompt ({e.prompt[:40]!r})"))
+               for e in examples if e.images]
+    too_long = [(e, n) for e, n in lengths if n > limit]
+    if too_long:
+        e, n = max(too_long, key=lambda t: t[1])
+        raise DataError(f"{len(too_long)} of {len(examples)} {what} prompts with images have more than {limit} "
+                        f"tokens once their images are widened to their tokens ({why}); the longest has {n} with "
+                        f"{len(e.images)} image{'s' * (len(e.images) != 1)} of {e.images[0].width}x"
+                        f"{e.images[0].height} and the text {e.prompt[:60]!r}. Give smaller images (or a smaller "
+                        "max_pixels in the image processor's config) or lower rollout.max_new_tokens (prompts with "
+                        "images are not cut)")
 
 
 def _fit_conversations(examples: list[Example], render: Callable, tokenizer, *, limit: int, what: str,

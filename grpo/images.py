@@ -95,31 +95,53 @@ class ImagePrompts:
 
     def encode(self, prompt: VisionPrompt, where: str = "the prompt") -> tuple[list[int], Images | None]:
         """A prompt's token ids (each placeholder widened to its image's tokens) and its images' tensors."""
-        text = prompt.text
-        found = text.count(self.placeholder)
+        self._check(prompt, where)
+        if not prompt.images:
+            return self.tokenizer(prompt.text, add_special_tokens=False)["input_ids"], None
+        out = self.image_processor(images=list(prompt.images), return_tensors="pt")
+        grid = out.get("image_grid_thw")
+        if self.family == "qwen2_vl":
+            counts = [int(g.prod()) // self.merge ** 2 for g in grid]
+        else:
+            crops = out.get("num_crops")
+            counts = [int(c) for c in crops] if crops is not None else [0] * len(prompt.images)
+        ids = self.tokenizer(self._widened(prompt.text, counts), add_special_tokens=False)["input_ids"]
+        return ids, Images(out["pixel_values"], None if grid is None else grid.long())
+
+    def length(self, prompt: VisionPrompt, where: str = "the prompt") -> int:
+        """The number of ids `encode` gives the prompt, from its images' sizes alone where the image processor
+        tells what they become (Qwen2-VL: `get_number_of_image_patches`; Gemma 3 without pan-and-scan: always the
+        same), without processing their pixels."""
+        self._check(prompt, where)
+        if self.family == "qwen2_vl" and hasattr(self.image_processor, "get_number_of_image_patches"):
+            counts = [self.image_processor.get_number_of_image_patches(im.height, im.width, {}) // self.merge ** 2
+                      for im in prompt.images]
+        elif self.family == "gemma3" and not getattr(self.image_processor, "do_pan_and_scan", False):
+            counts = [0] * len(prompt.images)
+        else:
+            return len(self.encode(prompt, where)[0])
+        return len(self.tokenizer(self._widened(prompt.text, counts), add_special_tokens=False)["input_ids"])
+
+    def _check(self, prompt: VisionPrompt, where: str) -> None:
+        found = prompt.text.count(self.placeholder)
         if found != len(prompt.images):
             raise DataError(f"{where}: the rendered prompt has {found} image placeholders ({self.placeholder}) for "
                             f"{len(prompt.images)} images (the chat template writes one per image entry of a "
                             "message)")
-        if not prompt.images:
-            return self.tokenizer(text, add_special_tokens=False)["input_ids"], None
-        out = self.image_processor(images=list(prompt.images), return_tensors="pt")
-        pieces = text.split(self.placeholder)
-        widened = [pieces[0]] + [self._widened(k, out) + piece for k, piece in enumerate(pieces[1:])]
-        ids = self.tokenizer("".join(widened), add_special_tokens=False)["input_ids"]
-        grid = out.get("image_grid_thw")
-        return ids, Images(out["pixel_values"], None if grid is None else grid.long())
 
-    def _widened(self, k: int, out) -> str:
-        """The tokens that stand for image `k` of a prompt in the text, given its image processor's output."""
+    def _widened(self, text: str, counts: list[int]) -> str:
+        """`text` with each image placeholder replaced by what stands for the image in the ids: Qwen2-VL family,
+        `counts[k]` image tokens; Gemma 3, its image sequence and `counts[k]` pan-and-scan crops' after it."""
+        pieces = text.split(self.placeholder)
+        return pieces[0] + "".join(self._one(n) + piece for n, piece in zip(counts, pieces[1:]))
+
+    def _one(self, n: int) -> str:
         if self.family == "qwen2_vl":
-            return self.placeholder * (int(out["image_grid_thw"][k].prod()) // self.merge ** 2)
-        crops = out.get("num_crops")
-        crops = int(crops[k]) if crops is not None else 0
-        if not crops:
+            return self.placeholder * n
+        if not n:
             return self.sequence
         return (f"Here is the original image {self.sequence} and here are some crops to help you see better "
-                + " ".join([self.sequence] * crops))
+                + " ".join([self.sequence] * n))
 
 
 def image_family(config) -> str:

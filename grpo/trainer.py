@@ -38,6 +38,7 @@ from grpo.distributed import Dist, process_group, wrap_for_training
 from grpo.envs import build_environment, environment_name, prompt_formatter, tool_names
 from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
+from grpo.images import image_prompts_for
 from grpo.learn import EntropyControl, Learner, learn
 from grpo.metrics import sample_rows, step_metrics
 from grpo.model_card import model_card
@@ -572,7 +573,8 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     limit, why = prompt_limit(policy, cfg)
     fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,
                             add_special_tokens=not (m.chat_template or chat), limit=limit,
-                            truncate=cfg.data.truncate_prompts, why=why)
+                            truncate=cfg.data.truncate_prompts, why=why,
+                            image_prompts=image_prompts_for(policy, tokenizer, m.path))
     stream = PromptStream(fit(task.train, what="training"), cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     correct_fn = built[cfg.eval.reward][1] if rewards is not None and cfg.eval.reward in built else \

@@ -43,7 +43,7 @@ def pytest_configure(config):
 # Update it when a file's time moves.
 LONGEST_FIRST = ["test_vllm_server.py", "test_faults.py", "test_resume.py", "test_async.py", "test_vllm_train.py",
                  "test_distributed.py", "test_learns.py", "test_smollm2.py", "test_judge_server.py", "test_tools_train.py",
-                 "test_trainer.py",
+                 "test_trainer.py", "test_vision_train.py",
                  "test_vllm.py", "test_tracking.py", "test_cli.py", "test_sandbox.py", "test_reference_sync.py",
                  "test_report.py"]
 

@@ -35,8 +35,8 @@ def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
     tokenizer's chat template; a conversation (TRL's conversational format) always goes through the template,
     `system_prompt` placed first when it has no system message. Both end with the generation prompt, also after a
     final assistant message (not continued: TRL's GRPOTrainer renders its prompts so). `render(prompt, images)`
-    with images gives a `grpo.images.VisionPrompt`: the images then the text in one user message, through the
-    template."""
+    with images gives a `grpo.images.VisionPrompt`: a text prompt as the images then the text in one user message,
+    a conversation as it is (its image parts, one per image, in their places), through the template."""
     kwargs = dict(getattr(cfg, "chat_template_kwargs", None) or {})
     system = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
     if cfg.chat_template and not getattr(tokenizer, "chat_template", None):
@@ -52,9 +52,10 @@ def prompt_formatter(tokenizer, cfg) -> Callable[[Prompt], str]:
             if not getattr(tokenizer, "chat_template", None):
                 raise DataError("the prompts have images, which a vision-language model's chat template places; this "
                                 "tokenizer has no chat template")
-            if not isinstance(prompt, str):
-                raise DataError("a conversational prompt with an image column is not supported yet: give the prompt "
-                                "as text (its images are shown before it in one user message)")
+            if not isinstance(prompt, str):  # its image parts are the images' places (grpo.tasks.hf)
+                given = list(prompt)
+                messages = given if any(m["role"] == "system" for m in given) else system + given
+                return VisionPrompt(template(messages), tuple(images))
             return VisionPrompt(template(system + image_messages(prompt, images)), tuple(images))
         if not isinstance(prompt, str):
             if not getattr(tokenizer, "chat_template", None):

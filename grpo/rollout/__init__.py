@@ -27,8 +27,9 @@ def _text_only(model, backend: str) -> None:
     from grpo.vision import is_multimodal
 
     if is_multimodal(model):
-        raise ConfigError(f"rollout.backend={backend}: images are not passed to vLLM yet; a vision-language model "
-                          "samples with rollout.backend=hf (docs/vision.md)")
+        raise ConfigError(f"rollout.backend={backend}: images are not passed to vLLM (its vision-language models "
+                          "need torchvision, which does not install beside grpo's CPU torch); a vision-language "
+                          "model samples with rollout.backend=hf (docs/vision.md)")
 
 
 def _vllm(model, tokenizer, cfg, all_finished, world_size, run_dir, group) -> Generator:

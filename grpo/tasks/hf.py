@@ -339,16 +339,60 @@ def _rows(data) -> tuple[list[str], list[dict]]:
 
 
 def conversation(value: Any) -> list[dict] | None:
-    """`value` as a conversational prompt (TRL's format: a list of {"role", "content"} messages with text content
-    and at least one user message), or None when it is not one."""
+    """`value` as a conversational prompt (TRL's format: a list of {"role", "content"} messages with at least one
+    user message, each content text or, as vision-language data has it, a list of parts: {"type": "text", "text":
+    ...} and {"type": "image"}), or None when it is not one. Keys Arrow filled with None are dropped."""
     if not isinstance(value, (list, tuple)) or not value:
         return None
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and _content(m.get("content")) is not None
                for m in value):
         return None
     if not any(m["role"] == "user" for m in value):
         return None
-    return [{k: v for k, v in m.items() if v is not None} for m in value]  # Arrow fills absent keys with None
+    return [{**{k: v for k, v in m.items() if v is not None}, "content": _content(m["content"])} for m in value]
+
+
+def _content(value: Any) -> str | list[dict] | None:
+    """A message's content: text, or its list of text and image parts (each without the None-filled keys);
+    None if it is neither."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    parts = []
+    for part in value:
+        if not isinstance(part, dict):
+            return None
+        part = {k: v for k, v in part.items() if v is not None}
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif part.get("type") == "image":
+            parts.append({"type": "image"})  # the picture itself comes from the image column
+        else:
+            return None
+    return parts
+
+
+def _text(content: str | list[dict]) -> str:
+    return content if isinstance(content, str) else " ".join(p["text"] for p in content if p["type"] == "text")
+
+
+def _with_images(chat: list[dict], count: int, where: str) -> list[dict]:
+    """A conversation's messages for a row with `count` images: as given when its image parts are as many; with
+    none, the images placed first in its first user message (as TRL does); a list content without images becomes
+    its text, for a text model's template. A DataError naming the row when the counts differ."""
+    parts = sum(1 for m in chat if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image")
+    if parts == count:
+        if count:
+            return chat
+        return [{**m, "content": _text(m["content"])} for m in chat]
+    if parts:
+        raise DataError(f"{where}: the conversation has {parts} image part{'s' * (parts != 1)} for {count} "
+                        f"image{'s' * (count != 1)} in the image column")
+    first = next(i for i, m in enumerate(chat) if m["role"] == "user")
+    content = chat[first]["content"]
+    text = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return [*chat[:first], {**chat[first], "content": [{"type": "image"}] * count + text}, *chat[first + 1:]]
 
 
 def to_examples(ds, source: str, columns: tuple[str, ...]) -> list[Example]:
@@ -390,11 +434,12 @@ def to_examples(ds, source: str, columns: tuple[str, ...]) -> list[Example]:
             raise DataError(f"{source} row {i}: prompt column {prompt_column!r} mixes text prompts and "
                             "conversations (lists of messages); give one kind")
         if chat is not None:
-            prompt = next(m["content"] for m in reversed(chat) if m["role"] == "user")
+            chat = _with_images(chat, len(images), f"{source} row {i}")
+            prompt = _text(next(m["content"] for m in reversed(chat) if m["role"] == "user"))
         elif isinstance(prompt, (list, tuple)):
             raise DataError(f"{source} row {i}: prompt column {prompt_column!r} is a list but not a conversation: "
-                            "a conversational prompt is a list of {'role': ..., 'content': <text>} messages with at "
-                            "least one user message")
+                            "a conversational prompt is a list of {'role': ..., 'content': <text, or a list of "
+                            "text and image parts>} messages with at least one user message")
         elif not isinstance(prompt, str):
             what = "empty" if prompt is None else f"of type {type(prompt).__name__}, not text"
             raise DataError(f"{source} row {i}: prompt column {prompt_column!r} is {what}")

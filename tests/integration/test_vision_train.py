@@ -117,3 +117,24 @@ def test_a_gemma3_model_from_its_directory_trains_and_evaluates(tmp_path):
     evaluated = subprocess.run([sys.executable, "-m", "grpo", "eval", str(out), "eval.size=8"], capture_output=True,
                                text=True, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+
+
+def test_a_trl_style_image_dataset_trains(tmp_path):
+    """A `datasets.Dataset` in TRL's vision-language form (a conversation with an image part, an `images` column, an
+    answer) given to `grpo.train` trains on the bundled model, and the run's samples show its prompts."""
+    import datasets
+
+    from grpo import load_config, train
+    from grpo.tasks.shapes import shape_examples
+
+    def rows(examples):
+        return datasets.Dataset.from_list([
+            {"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": e.prompt}]}],
+             "images": [e.images[0]], "answer": e.answer} for e in examples])
+
+    train_set, held = shape_examples()
+    out = tmp_path / "run"
+    cfg = load_config(JOB, [f"train.output_dir={out}", *QUIET, *SMALL, "train.steps=2"])
+    result = train(cfg, train_dataset=rows(train_set[:64]), eval_dataset=rows(held[:16]))
+    assert [r["step"] for r in result.history if "eval/accuracy" in r] == [0, 2]
+    assert "How many" in (out / "samples.jsonl").read_text()
