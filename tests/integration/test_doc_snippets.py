@@ -50,3 +50,14 @@ def test_the_trl_quickstart_ported_as_the_page_shows_it(tmp_path, monkeypatch):
     run(snippet("docs/from-trl.md", "## The quickstart, ported"))
     assert (tmp_path / "runs" / "tiny" / "model" / "model.safetensors").is_file()
     assert "reward/accuracy_reward" in (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text()
+
+
+def test_the_vision_pages_own_pictures_snippet(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = snippet("docs/vision.md", "### Your own pictures")
+    assert '"train.steps=20", "eval.every=20"' in code
+    code = code.replace('"train.steps=20", "eval.every=20"', '"train.steps=2", "eval.every=2", "eval.size=16"')
+    printed = run(code.replace("rows(held_out)", "rows(held_out[:16])"))
+    before, after = re.fullmatch(r"([\d.]+) -> ([\d.]+)", printed.splitlines()[-1]).groups()
+    assert 0 <= float(before) <= 1 and 0 <= float(after) <= 1
+    assert (tmp_path / "runs" / "pictures" / "model" / "preprocessor_config.json").is_file()
