@@ -10,7 +10,8 @@ block gets a mapping of its own (M_MMAP_MAX = 0; glibc still maps what a thread'
 trimmed only once 2 GiB lie free at its top (M_TRIM_THRESHOLD). Resident memory then stays near its peak between
 passes instead of falling back; the peak itself is the same (docs/benchmarks.md).
 
-Process-wide, for the rest of the process, on glibc only (Linux); elsewhere, and with musl, nothing changes.
+Process-wide, for the rest of the process, on glibc only (Linux); elsewhere, and with musl, nothing changes. Applied
+for runs whose model is on the CPU, where the passes' tensors are the C library's (on a GPU they are not).
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def reuse_freed_memory() -> bool:
         libc = ctypes.CDLL(None)  # the process's own C library
         libc.gnu_get_libc_version  # glibc's alone: musl has a mallopt too, which ignores these
         mallopt = libc.mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: CDLL(None) on Windows
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_MAX, 0)) & bool(mallopt(_M_TRIM_THRESHOLD, _TRIM_BYTES))

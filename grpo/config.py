@@ -420,11 +420,11 @@ class ComputeConfig:
                                "(docs/training.md). On long-tailed lengths several times faster and lighter, on "
                                "uniform ones the same (docs/benchmarks.md); false: always the padded passes.")
     threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0, resume="rounding")
-    reuse_memory: bool = opt(True, "Have glibc's malloc keep the memory a pass frees for the next pass instead of "
-                                   "handing it back to the kernel, which would fault and zero it again (resident "
-                                   "memory stays near its peak between passes; the peak is the same). "
-                                   "Process-wide; Linux with glibc only. false: the C library's defaults.",
-                             resume="free")
+    reuse_memory: bool = opt(True, "On the CPU: have glibc's malloc keep the memory a pass frees for the next pass "
+                                   "instead of handing it back to the kernel, which would fault and zero it again "
+                                   "(resident memory stays near its peak between passes; the peak is the same). "
+                                   "Process-wide and for the rest of the process; Linux with glibc only. false: "
+                                   "the C library's defaults.", resume="free")
     sharding: Literal["ddp", "fsdp"] = opt("ddp", "With several processes: replicate the model and all-reduce "
                                                   "gradients (ddp), or shard parameters, gradients and optimizer "
                                                   "state with FSDP2 (fsdp, also allowed with one process).",

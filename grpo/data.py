@@ -115,12 +115,13 @@ def _fit_images(examples: list[Example], render: Callable, image_prompts, *, lim
     too_long = [(e, n) for e, n in lengths if n > limit]
     if too_long:
         e, n = max(too_long, key=lambda t: t[1])
+        sizes = ", ".join(f"{im.width}x{im.height}" for im in e.images[:3]) + (", ..." if len(e.images) > 3 else "")
         raise DataError(f"{len(too_long)} of {len(examples)} {what} prompts with images have more than {limit} "
                         f"tokens once their images are widened to their tokens ({why}); the longest has {n} with "
-                        f"{len(e.images)} image{'s' * (len(e.images) != 1)} of {e.images[0].width}x"
-                        f"{e.images[0].height} and the text {e.prompt[:60]!r}. Give smaller images (or a smaller "
-                        "max_pixels in the image processor's config) or lower rollout.max_new_tokens (prompts with "
-                        "images are not cut)")
+                        f"{len(e.images)} image{'s' * (len(e.images) != 1)} ({sizes}) and the text "
+                        f"{e.prompt[:60]!r}. Give fewer or smaller images (smaller ones take fewer tokens in the "
+                        "Qwen2-VL family: its image processor's max_pixels) or lower rollout.max_new_tokens (prompts "
+                        "with images are not cut)")
 
 
 def _fit_conversations(examples: list[Example], render: Callable, tokenizer, *, limit: int, what: str,

@@ -36,7 +36,7 @@ from grpo.config import Config, config_changes, may_change, to_yaml
 from grpo.data import PromptStream, fit_prompts
 from grpo.distributed import Dist, process_group, wrap_for_training
 from grpo.envs import build_environment, environment_name, prompt_formatter, tool_names
-from grpo.errors import NO_ROOM, ConfigError, GRPOError, WriteError, write_failure
+from grpo.errors import NO_ROOM, ConfigError, DataError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
 from grpo.images import image_prompts_for
 from grpo.learn import EntropyControl, Learner, learn
@@ -130,7 +130,8 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
         check_installed(cfg.log.trackers)
     if cfg.compute.threads:
         torch.set_num_threads(cfg.compute.threads)
-    if cfg.compute.reuse_memory:
+    on_cpu = cfg.model.device == "cpu" or cfg.model.device == "auto" and not torch.cuda.is_available()
+    if cfg.compute.reuse_memory and on_cpu:  # on the CPU the passes' tensors are malloc's
         reuse_freed_memory()
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
@@ -497,14 +498,21 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     what `given` holds in its place)."""
     m, a, c = cfg.model, cfg.algo, cfg.compute
     task = load_task(cfg.data, cfg.train.seed, train_dataset=given.train_dataset, eval_dataset=given.eval_dataset)
-    # conversational prompts always go through the chat template, which writes the special tokens itself
+    # conversational prompts, and prompts with images (placed by the template), always go through the chat template,
+    # which writes the special tokens itself
     chat = any(e.conversation is not None for e in [*task.train[:1], *task.eval[:1]])
-    if chat:  # recorded, so that grpo eval/sample RUN_DIR render and tokenize the prompts as training did
+    pictures = any(e.images for e in [*task.train, *task.eval])
+    if chat or pictures:  # recorded, so that grpo eval/sample RUN_DIR render and tokenize the prompts as training did
         cfg = replace(cfg, model=replace(cfg.model, chat_template=True))
+        m = cfg.model  # and the generator tokenizes them as such (no special tokens added to the template's)
     if chat and cfg.rollout.environment == "tools" and given.environment is None:
         raise ConfigError("the prompts are conversations (lists of messages); rollout.environment=tools takes text "
                           "prompts (its system prompt is model.system_prompt): give the prompt column as text")
     policy, tokenizer = load_model(m, cfg.lora, model=given.model, processing_class=given.processing_class)
+    image_prompts = image_prompts_for(policy, tokenizer, m.path)
+    if pictures and image_prompts is None:  # now, before the reference, the engine and the rewards are built
+        raise DataError("the prompts have images and this model has no vision tower (a vision-language model "
+                        "such as Qwen2.5-VL or Gemma 3 reads them; docs/vision.md)")
     # model.autocast_bf16=auto decided for this model on this device; the run's config keeps 'auto'
     m, precision = resolved(m, policy)
     decided = replace(cfg, model=m)
@@ -574,7 +582,7 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     fit = functools.partial(fit_prompts, render=prompt_formatter(tokenizer, m), tokenizer=tokenizer,
                             add_special_tokens=not (m.chat_template or chat), limit=limit,
                             truncate=cfg.data.truncate_prompts, why=why,
-                            image_prompts=image_prompts_for(policy, tokenizer, m.path))
+                            image_prompts=image_prompts)
     stream = PromptStream(fit(task.train, what="training"), cfg.train.prompts_per_step, cfg.train.seed)
     eval_set = fit(task.eval[:cfg.eval.size] if cfg.eval.size else task.eval, what="held-out")
     correct_fn = built[cfg.eval.reward][1] if rewards is not None and cfg.eval.reward in built else \

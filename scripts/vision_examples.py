@@ -41,7 +41,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "images", help="where the pictures go")
     args = ap.parse_args()
     held = shape_examples()[1]
-    picked = held[:: len(held) // args.count][: args.count]  # spread over the held-out scenes, always the same
+    picked = held[:: max(1, len(held) // args.count)][: args.count]  # spread over the held-out scenes, always the same
     before, after = answers(str(TINY_VISION_DIR), picked), answers(args.trained, picked)
     args.out.mkdir(parents=True, exist_ok=True)
     print("| picture | question | answer | before (tiny-vision) | after (40 steps) |")

@@ -138,3 +138,16 @@ def test_a_trl_style_image_dataset_trains(tmp_path):
     result = train(cfg, train_dataset=rows(train_set[:64]), eval_dataset=rows(held[:16]))
     assert [r["step"] for r in result.history if "eval/accuracy" in r] == [0, 2]
     assert "How many" in (out / "samples.jsonl").read_text()
+
+
+def test_pictures_for_a_text_model_are_refused_in_one_line(tmp_path):
+    """Prompts with images and a model without a vision tower: one line when the run is built, before the reference
+    copy, the engine or the rewards."""
+    from grpo import load_config, train
+    from grpo.errors import DataError
+    from grpo.tasks.shapes import shape_examples
+
+    rows = [{"prompt": e.prompt, "images": list(e.images), "answer": e.answer} for e in shape_examples()[1][:8]]
+    cfg = load_config(None, [f"train.output_dir={tmp_path / 'run'}", *QUIET, "train.steps=1", "model.chat_template=true"])
+    with pytest.raises(DataError, match="the prompts have images and this model has no vision tower"):
+        train(cfg, model="tiny", train_dataset=rows, eval_dataset=rows)

@@ -349,7 +349,7 @@ def test_a_prompt_too_long_with_its_images_is_refused_at_load(vlm, examples):
                why="the test's limit", image_prompts=prompts)
     assert fit_prompts(rows, limit=120, **fit) == rows
     with pytest.raises(DataError, match=r"1 of 2 training prompts with images have more than 60 tokens once their "
-                                        r"images are widened .* the longest has 10\d with 1 image of 64x64"):
+                                        r"images are widened .* the longest has 10\d with 1 image \(64x64\)"):
         fit_prompts(rows, limit=60, **fit)
 
 
