@@ -8,7 +8,8 @@ the kernel again for pages it has just given back, and the kernel faults and zer
 the host may have to back them again too). With `reuse_memory` glibc keeps what is freed for the next request: no
 block gets a mapping of its own (M_MMAP_MAX = 0; glibc still maps what a thread's arena cannot hold) and the heap is
 trimmed only once 2 GiB lie free at its top (M_TRIM_THRESHOLD). Resident memory then stays near its peak between
-passes instead of falling back; the peak itself is the same (docs/benchmarks.md).
+passes instead of falling back, and the peak grows a little (1 % on SmolLM2-135M, 5 % on the 1 M tiny-vision job;
+docs/benchmarks.md).
 
 Process-wide, for the rest of the process, on glibc only (Linux); elsewhere, and with musl, nothing changes. Applied
 for runs whose model is on the CPU, where the passes' tensors are the C library's (on a GPU they are not).

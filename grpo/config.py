@@ -422,7 +422,8 @@ class ComputeConfig:
     threads: int = opt(0, "CPU threads for PyTorch; 0 leaves PyTorch's default (all cores).", ge=0, resume="rounding")
     reuse_memory: bool = opt(True, "On the CPU: have glibc's malloc keep the memory a pass frees for the next pass "
                                    "instead of handing it back to the kernel, which would fault and zero it again "
-                                   "(resident memory stays near its peak between passes; the peak is the same). "
+                                   "(resident memory stays near its peak between passes; the peak grows a little: 1 % on "
+                                   "SmolLM2-135M, 5 % on the 1 M vision job). "
                                    "Process-wide and for the rest of the process; Linux with glibc only. false: "
                                    "the C library's defaults.", resume="free")
     sharding: Literal["ddp", "fsdp"] = opt("ddp", "With several processes: replicate the model and all-reduce "
