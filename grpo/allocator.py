@@ -24,10 +24,15 @@ _M_MMAP_MAX = -4
 _TRIM_BYTES = 2**31 - 1  # mallopt takes an int: the largest it holds
 
 
+def reuse_freed_memory(device) -> bool:
+    """For a model on `device` (a torch.device or its name): on the CPU, have glibc's malloc keep the memory the
+    process frees for its next requests; whether it took both settings (False on another device, or where the C
+    library is not glibc)."""
+    return getattr(device, "type", str(device)) == "cpu" and _keep_freed_memory()
+
+
 @functools.cache
-def reuse_freed_memory() -> bool:
-    """Have glibc's malloc keep the memory the process frees for its next requests; whether it took both
-    settings (False where the C library is not glibc)."""
+def _keep_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(None)  # the process's own C library
         libc.gnu_get_libc_version  # glibc's alone: musl has a mallopt too, which ignores these

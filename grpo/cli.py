@@ -363,10 +363,9 @@ def _load(cfg, checkpoint: Path | None = None):
 
     if cfg.compute.threads:
         torch.set_num_threads(cfg.compute.threads)
-    on_cpu = cfg.model.device == "cpu" or cfg.model.device == "auto" and not torch.cuda.is_available()
-    if cfg.compute.reuse_memory and on_cpu:  # on the CPU the passes' tensors are malloc's
-        reuse_freed_memory()
     model, tokenizer = load_model(cfg.model, cfg.lora if checkpoint is not None else None)
+    if cfg.compute.reuse_memory:
+        reuse_freed_memory(model.device)
     if checkpoint is not None:
         _load_weights(model, checkpoint)
     model_cfg, precision = resolved(cfg.model, model)  # model.autocast_bf16=auto decided, on stderr as its line

@@ -84,7 +84,7 @@ class ImagePrompts:
         self.tokenizer = tokenizer
         self.image_processor = image_processor
         self.family = image_family(config)
-        name = (lambda i: None) if tokenizer is None else tokenizer.convert_ids_to_tokens
+        name = tokenizer.convert_ids_to_tokens
         if self.family == "qwen2_vl":
             self.placeholder = name(config.image_token_id)  # what the chat template writes, once per image
             self.merge = int(getattr(image_processor, "merge_size", 1) or 1)
@@ -155,21 +155,22 @@ def image_family(config) -> str:
                       "vision-language models of the Qwen2-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) and Gemma 3")
 
 
+# the one line for prompts with images and a model that cannot read them (the trainer's build, the generator)
+NO_VISION_TOWER = ("the prompts have images and this model has no vision tower (a vision-language model such as "
+                   "Qwen2.5-VL or Gemma 3 reads them; docs/vision.md)")
+
+
 def image_prompts_for(model, tokenizer, path=None) -> ImagePrompts | None:
     """The `ImagePrompts` of a vision-language model, or of a peft model around one (`image_processor_for`);
     None for a text model."""
     processor = image_processor_for(model, path)
-    if processor is None:
-        return None
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return ImagePrompts(tokenizer, processor, model.config)
+    return None if processor is None else ImagePrompts(tokenizer, processor, model.config)
 
 
 def image_processor_for(model, path=None):
-    """A vision-language model's image processor (PIL backend), or a peft model's around one, loaded from where
-    the model was loaded, else from `path`; None for a text model. A family grpo does not render is refused here
-    (`image_family`), before any file is read."""
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    """A vision-language model's image processor (PIL backend), loaded from where the model was loaded, else from
+    `path`; None for a text model. A peft model around one passes on its config and name (peft forwards them).
+    A family grpo does not render is refused here (`image_family`), before any file is read."""
     if not is_multimodal(model):
         return None
     image_family(model.config)

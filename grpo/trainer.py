@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import random
 import re
@@ -38,7 +39,7 @@ from grpo.distributed import Dist, process_group, wrap_for_training
 from grpo.envs import build_environment, environment_name, prompt_formatter, tool_names
 from grpo.errors import NO_ROOM, ConfigError, DataError, GRPOError, WriteError, write_failure
 from grpo.evaluation import evaluate
-from grpo.images import image_prompts_for
+from grpo.images import NO_VISION_TOWER, image_prompts_for
 from grpo.learn import EntropyControl, Learner, learn
 from grpo.metrics import sample_rows, step_metrics
 from grpo.model_card import model_card
@@ -130,9 +131,6 @@ def train(cfg: Config, *, rewards: list[RewardFn] | None = None, dist: Dist | No
         check_installed(cfg.log.trackers)
     if cfg.compute.threads:
         torch.set_num_threads(cfg.compute.threads)
-    on_cpu = cfg.model.device == "cpu" or cfg.model.device == "auto" and not torch.cuda.is_available()
-    if cfg.compute.reuse_memory and on_cpu:  # on the CPU the passes' tensors are malloc's
-        reuse_freed_memory()
     random.seed(cfg.train.seed)
     torch.manual_seed(cfg.train.seed)
     out = Path(cfg.train.output_dir)
@@ -501,7 +499,7 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
     # conversational prompts, and prompts with images (placed by the template), always go through the chat template,
     # which writes the special tokens itself
     chat = any(e.conversation is not None for e in [*task.train[:1], *task.eval[:1]])
-    pictures = any(e.images for e in [*task.train, *task.eval])
+    pictures = any(e.images for e in itertools.chain(task.train, task.eval))
     if chat or pictures:  # recorded, so that grpo eval/sample RUN_DIR render and tokenize the prompts as training did
         cfg = replace(cfg, model=replace(cfg.model, chat_template=True))
         m = cfg.model  # and the generator tokenizes them as such (no special tokens added to the template's)
@@ -509,10 +507,11 @@ def _built(cfg: Config, rewards: list[RewardFn] | None, dist: Dist, made: list, 
         raise ConfigError("the prompts are conversations (lists of messages); rollout.environment=tools takes text "
                           "prompts (its system prompt is model.system_prompt): give the prompt column as text")
     policy, tokenizer = load_model(m, cfg.lora, model=given.model, processing_class=given.processing_class)
+    if c.reuse_memory:
+        reuse_freed_memory(policy.device)
     image_prompts = image_prompts_for(policy, tokenizer, m.path)
     if pictures and image_prompts is None:  # now, before the reference, the engine and the rewards are built
-        raise DataError("the prompts have images and this model has no vision tower (a vision-language model "
-                        "such as Qwen2.5-VL or Gemma 3 reads them; docs/vision.md)")
+        raise DataError(NO_VISION_TOWER)
     # model.autocast_bf16=auto decided for this model on this device; the run's config keeps 'auto'
     m, precision = resolved(m, policy)
     decided = replace(cfg, model=m)

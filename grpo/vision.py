@@ -104,8 +104,6 @@ def rope_positions(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return position
 
 
-
-
 # the model types whose forward takes `token_type_ids` marking the image tokens (bidirectional attention among them)
 _TOKEN_TYPE_MODELS = ("gemma3",)
 
@@ -114,12 +112,8 @@ def token_types(model, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
     """{"token_type_ids": (B, L) long, 1 on the image tokens} for a model whose image tokens attend to each other
     both ways (Gemma 3); {} for any other. Without them Gemma 3 attends causally within an image, a policy other than
     the one its processor's inputs give, and its prefill and training pass would disagree if one had them."""
-    cfg = getattr(_unwrapped(model), "config", None)
+    cfg = getattr(model, "config", None)  # a peft model's is its base model's
     if getattr(cfg, "model_type", None) not in _TOKEN_TYPE_MODELS:
         return {}
     return {"token_type_ids": (input_ids == cfg.image_token_id).long()}
 
-
-def _unwrapped(model):
-    """The model inside a peft or DDP wrapper (its config is the model's)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else getattr(model, "module", model)

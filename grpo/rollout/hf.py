@@ -32,7 +32,7 @@ from grpo.rollout.base import (Rollout, Sampling, concat_rollouts, encode_prompt
                                stop_text, stop_tokens)
 from grpo.errors import DataError
 from grpo.rollout.lean_decoding import LeanDecoding
-from grpo.images import VisionPrompt
+from grpo.images import NO_VISION_TOWER, VisionPrompt
 from grpo.vision import Images, join, mask_placeholders, placeholder_ids
 
 
@@ -163,8 +163,7 @@ class HFGenerator:
         if not any(isinstance(p, VisionPrompt) for p in prompts):
             return encode_prompts(self.tokenizer, prompts, self.add_special_tokens), None
         if self.image_prompts is None:
-            raise DataError("the prompts have images and this model has no vision tower (a vision-language model "
-                            "takes them: docs/vision.md)")
+            raise DataError(NO_VISION_TOWER)
         ids, images = [], []
         for k, p in enumerate(prompts):
             if isinstance(p, VisionPrompt):

@@ -344,12 +344,12 @@ def conversation(value: Any) -> list[dict] | None:
     ...} and {"type": "image"}), or None when it is not one. Keys Arrow filled with None are dropped."""
     if not isinstance(value, (list, tuple)) or not value:
         return None
-    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) and _content(m.get("content")) is not None
-               for m in value):
+    if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in value):
         return None
-    if not any(m["role"] == "user" for m in value):
+    contents = [_content(m.get("content")) for m in value]
+    if None in contents or not any(m["role"] == "user" for m in value):
         return None
-    return [{**{k: v for k, v in m.items() if v is not None}, "content": _content(m["content"])} for m in value]
+    return [{**{k: v for k, v in m.items() if v is not None}, "content": c} for m, c in zip(value, contents)]
 
 
 def _content(value: Any) -> str | list[dict] | None:

@@ -11,7 +11,7 @@ from grpo.config import Config
 LOOP = """
 import resource, sys, torch
 from grpo.allocator import reuse_freed_memory
-took = reuse_freed_memory() if sys.argv[1] == "on" else None
+took = reuse_freed_memory("cpu") if sys.argv[1] == "on" else None
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(20):
     t = torch.empty(16 * 2**20).fill_(1.0)  # 64 MiB: above glibc's largest mmap threshold
@@ -44,5 +44,8 @@ def test_freed_memory_is_reused_not_faulted_in_again():
     assert default > 200_000 and reused < default / 5, (reused, default)
 
 
-def test_on_by_default():
+def test_on_by_default_and_for_the_cpu_only():
+    from grpo.allocator import reuse_freed_memory
+
     assert Config().compute.reuse_memory is True
+    assert reuse_freed_memory("cuda:0") is False  # a GPU run's passes are not malloc's: nothing is set
